@@ -1,0 +1,3 @@
+"""evalsuite: speculative decoding under agentic workloads, measured step by step."""
+
+__version__ = "0.1.0"

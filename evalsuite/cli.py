@@ -1,0 +1,174 @@
+"""The `evalsuite` command line: thin wrappers that parse options and call the library."""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from evalsuite.errors import UserError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Speculative decoding under agentic workloads.")
+console = Console(stderr=True)
+out = Console()
+
+
+def friendly_errors(func):
+    """Bad input ends with one line on stderr and exit code 2, never a traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except UserError as err:
+            console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2)
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted: finished trajectories are saved; rerun with --resume[/]")
+            raise typer.Exit(130)
+
+    return wrapper
+
+
+def _parse_drafters(values: list[str], methods: list[str]) -> dict[str, str]:
+    """`--drafter PATH` (one non-baseline method) or `--drafter method=PATH`."""
+    learned = [m for m in methods if m not in ("ar", "ngram")]
+    found = {}
+    for value in values:
+        if "=" in value and not Path(value).exists():
+            method, path = value.split("=", 1)
+            found[method] = path
+        elif len(learned) == 1:
+            found[learned[0]] = value
+        else:
+            raise UserError(f"--drafter {value}: with several learned methods write --drafter METHOD=PATH")
+    return found
+
+
+@app.command()
+@friendly_errors
+def run(
+    method: str = typer.Option("ngram", "--method", "-m", help="Comma-separated methods, e.g. dlite,eagle3,ngram,ar."),
+    task: str = typer.Option("gsm8k", "--task", "-t", help="Task name (see `evalsuite tasks`)."),
+    target: str = typer.Option("default", help="Target: 'default' (embedded SmolLM2-135M-Instruct), a local dir or an HF id."),
+    drafter: list[str] = typer.Option([], help="Drafter checkpoint: PATH or METHOD=PATH (dir or HF id)."),
+    k: int = typer.Option(7, "--k", help="Draft tokens per verify step."),
+    temperature: float = typer.Option(0.0, help="0 = greedy (exact-match verification); >0 = rejection sampling."),
+    top_p: float = typer.Option(1.0, help="Target nucleus filter (T>0)."),
+    top_k: int = typer.Option(0, help="Target top-k filter (T>0); 0 = off."),
+    max_new_tokens: int = typer.Option(256, help="Per turn."),
+    limit: Optional[int] = typer.Option(None, help="Samples to run (seeded subset)."),
+    seed: int = typer.Option(0, help="Subset selection and sampling seed."),
+    device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
+    dtype: Optional[str] = typer.Option(None, help="float32 (default) or bfloat16 (CUDA only)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Run directory (default results/<run_id>)."),
+    resume: bool = typer.Option(False, help="Skip (method, sample) pairs already finished in --out."),
+    replay: str = typer.Option("auto", help="auto | logged | free: history for later turns."),
+    context_policy: str = typer.Option("stop", help="stop | truncate-left, when a context reaches the target maximum."),
+    max_turns: Optional[int] = typer.Option(None, help="Cap on turns per trajectory."),
+    enable_thinking: bool = typer.Option(False, help="Passed to the chat template and recorded."),
+    data_path: Optional[str] = typer.Option(None, help="Full local copy of the task's data in its native format."),
+    subset: Optional[str] = typer.Option(None, help="Task subset (e.g. LongBench v2 domain)."),
+    confidence_threshold: Optional[float] = typer.Option(None, help="DSpark: truncate the block at the first low-confidence slot."),
+    warmup: bool = typer.Option(True, help="Untimed warm-up decode before recording."),
+):
+    """Replay a task through the target with the given methods; write per-step records and a summary."""
+    from evalsuite.config import RunConfig
+    from evalsuite.report_summary import summary_rows
+    from evalsuite.runner import Progress as RunProgress, Runner
+
+    methods = [m.strip() for m in method.split(",") if m.strip()]
+    options = {}
+    if confidence_threshold is not None:
+        options["dspark"] = {"confidence_threshold": confidence_threshold}
+    config = RunConfig(
+        methods=methods, task=task, target=target, drafters=_parse_drafters(drafter, methods), device=device,
+        dtype=dtype, k=k, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
+        limit=limit, seed=seed, resume=resume, replay=replay, context_policy=context_policy, max_turns=max_turns,
+        enable_thinking=enable_thinking, data_path=data_path, subset=subset, warmup=warmup, method_options=options,
+    )
+    run_id = out_dir.name if out_dir else f"{task}-{'_'.join(methods)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = out_dir or Path("results") / run_id
+    config.out = str(run_dir)
+    runner = Runner(config, run_dir)
+    with console.status("loading target, drafters and data…"):
+        runner.load()
+    pending = runner.pending()
+    turns_total = sum(min(len(t.turns), max_turns or 10**9) for t in pending) * len(runner.drafters)
+    console.print(f"[bold]{runner.target.name}[/] · task {task} ({len(runner.trajectories)} samples, "
+                  f"{len(pending)} to run) · methods {', '.join(runner.drafters)} · k={k} T={temperature} · {run_dir}")
+    bar_columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("τ {task.fields[tau]}  {task.fields[tps]} tok/s  ×{task.fields[speedup]}")]
+    with Progress(*bar_columns, console=console, transient=False) as bar:
+        handle = bar.add_task("turns", total=turns_total, tau="-", tps="-", speedup="-")
+
+        def update(info: dict) -> None:
+            bar.update(handle, advance=1, description=f"{info['method']:>7} {info['sample']} t{info['turn']}",
+                       tau=_fmt(info["tau"]), tps=_fmt(info["tokens_per_s"], 1), speedup=_fmt(info["speedup"]))
+
+        runner.run(RunProgress(total=turns_total, update=update))
+    rows = summary_rows(run_dir)
+    table = Table(title=f"{run_id}: τ token-weighted with bonus; speedup = paired AR/method decode time per token")
+    for column in rows[0].keys() if rows else []:
+        table.add_column(column, justify="right" if column != "method" else "left")
+    for row in rows:
+        table.add_row(*[_fmt(v) if isinstance(v, float) else str(v) for v in row.values()])
+    out.print(table)
+    console.print(f"records: {run_dir}/steps.parquet, {run_dir}/turns.parquet, {run_dir}/run.json")
+
+
+@app.command()
+@friendly_errors
+def methods():
+    """List the drafting methods."""
+    from evalsuite.methods.base import METHODS, get_method
+
+    get_method("ar")
+    table = Table(title="methods")
+    table.add_column("name")
+    table.add_column("needs a checkpoint")
+    table.add_column("what it does")
+    for info in sorted(METHODS.values(), key=lambda m: m.name):
+        table.add_row(info.name, "yes" if info.needs_checkpoint else "no", info.summary)
+    out.print(table)
+
+
+@app.command()
+@friendly_errors
+def tasks():
+    """List the tasks, with their data source and licence."""
+    from evalsuite.workloads.base import TASKS, get_task
+
+    get_task("gsm8k")
+    table = Table(title="tasks")
+    for column in ("name", "replay", "licence", "source", "what it is"):
+        table.add_column(column)
+    for info in sorted(TASKS.values(), key=lambda t: t.name):
+        table.add_row(info.name, info.default_replay, info.licence, info.source, info.summary)
+    out.print(table)
+
+
+def _fmt(value, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def main() -> None:
+    try:
+        app()
+    except UserError as err:  # errors raised outside a command body (option callbacks)
+        console.print(f"[bold red]error:[/] {err}")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

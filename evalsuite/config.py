@@ -1,0 +1,116 @@
+"""Run configuration, and the environment facts every run writes to run.json."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import torch
+
+from evalsuite.errors import UserError
+
+REPLAY_MODES = ("auto", "logged", "free")
+CONTEXT_POLICIES = ("stop", "truncate-left")
+
+
+@dataclass
+class RunConfig:
+    methods: list[str]
+    task: str
+    target: str = "default"
+    drafters: dict[str, str] = field(default_factory=dict)  # method → checkpoint dir or HF id
+    device: str = "cpu"
+    dtype: str | None = None
+    k: int = 7
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+    limit: int | None = None
+    seed: int = 0
+    out: str | None = None
+    resume: bool = False
+    replay: str = "auto"
+    context_policy: str = "stop"
+    max_turns: int | None = None
+    enable_thinking: bool = False
+    data_path: str | None = None
+    subset: str | None = None
+    warmup: bool = True
+    method_options: dict[str, dict] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if not 1 <= self.k <= 64:
+            raise UserError(f"--k {self.k}: the draft length must be between 1 and 64")
+        if self.temperature < 0:
+            raise UserError(f"--temperature {self.temperature}: must be >= 0")
+        if self.max_new_tokens < 1:
+            raise UserError(f"--max-new-tokens {self.max_new_tokens}: must be >= 1")
+        if self.limit is not None and self.limit < 1:
+            raise UserError(f"--limit {self.limit}: must be >= 1")
+        if not 0 < self.top_p <= 1:
+            raise UserError(f"--top-p {self.top_p}: must be in (0, 1]")
+        if self.replay not in REPLAY_MODES:
+            raise UserError(f"--replay {self.replay}: choose from {', '.join(REPLAY_MODES)}")
+        if self.context_policy not in CONTEXT_POLICIES:
+            raise UserError(f"--context-policy {self.context_policy}: choose from {', '.join(CONTEXT_POLICIES)}")
+        if self.max_turns is not None and self.max_turns < 1:
+            raise UserError(f"--max-turns {self.max_turns}: must be >= 1")
+        if not self.methods:
+            raise UserError("--method: name at least one method")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# Fields whose change makes two runs' numbers incomparable; --resume refuses to mix them.
+DRIFT_FIELDS = ("target_sha256", "chat_template_sha256", "enable_thinking", "temperature", "top_p", "top_k", "k",
+                "max_new_tokens", "seed", "task", "replay", "context_policy", "dtype", "drafter_sha256")
+
+
+def package_versions() -> dict[str, str]:
+    names = ["evalsuite", "torch", "transformers", "safetensors", "tokenizers", "datasets", "pandas", "pyarrow",
+             "numpy"]
+    found = {}
+    for name in names:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
+def git_commit() -> str:
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return (sha + ("+dirty" if dirty else "")) if sha else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+
+
+def environment(device: torch.device) -> dict:
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "versions": package_versions(),
+        "git_commit": git_commit(),
+        "device_name": device_name(device),
+        "cuda": torch.version.cuda,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "argv": sys.argv,
+    }

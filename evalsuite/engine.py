@@ -1,0 +1,117 @@
+"""The decode loop: draft k → verify once → accept the longest agreeing prefix plus a bonus token → roll back.
+
+`ar` is the same loop with a drafter that proposes nothing, so the baseline and every method are timed
+by identical code. The loop knows nothing about which drafter it drives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from evalsuite.methods.base import Drafter, Sampling
+from evalsuite.sampling import accept_greedy, accept_rejection, sample_from, target_probs
+from evalsuite.target import TargetModel
+from evalsuite.timing import DeviceClock
+
+
+@dataclass
+class StepInfo:
+    context_len: int
+    num_drafted: int
+    num_accepted: int
+    emitted: int
+    draft_s: float
+    verify_s: float
+    step_s: float
+    draft_state_bytes: int
+    draft_history_bytes: int
+
+
+@dataclass
+class TurnResult:
+    output_ids: list[int]
+    steps: list[StepInfo] = field(default_factory=list)
+    draft_prefill_s: float = 0.0
+    decode_s: float = 0.0  # draft start-of-turn work + every step, i.e. everything after the target prefill
+    stop_reason: str = "max_new_tokens"
+
+
+def first_token(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
+    """The token the prefill itself produces (not part of any verify step)."""
+    if sampling.greedy:
+        return int(logits[-1].argmax())
+    return sample_from(target_probs(logits[-1:], sampling)[0].cpu(), generator)
+
+
+def decode_turn(
+    target: TargetModel,
+    drafter: Drafter,
+    cache,
+    context_ids: torch.Tensor,
+    context_features: torch.Tensor | None,
+    prefill_logits: torch.Tensor,
+    k: int,
+    sampling: Sampling,
+    max_new_tokens: int,
+    generator: torch.Generator | None,
+    clock: DeviceClock,
+) -> TurnResult:
+    """Decode one assistant turn after the target has prefilled `context_ids` into `cache`.
+
+    The cache is left longer than the context; the caller crops it back."""
+    stop_ids = target.stop_ids
+    layers = drafter.feature_layers
+    context_len = context_ids.numel()
+    token_limit = min(max_new_tokens, target.max_context - context_len)
+
+    t0 = clock.now()
+    anchor = first_token(prefill_logits, sampling, generator)
+    out = [anchor]
+    drafter.start_turn(torch.cat([context_ids, context_ids.new_tensor([anchor])]), context_features)
+    result = TurnResult(output_ids=out, draft_prefill_s=clock.now() - t0)
+    if anchor in stop_ids:
+        result.stop_reason = "eos"
+
+    while result.stop_reason == "max_new_tokens" and len(out) < token_limit:
+        step_start = clock.now()
+        room = min(k, token_limit - len(out) - 1, target.max_context - (context_len + len(out)) - 1)
+        proposal = drafter.propose(max(room, 0), sampling, generator)
+        drafts = proposal.tokens[: max(room, 0)]
+        draft_end = clock.now()
+
+        block = torch.cat([drafts.new_tensor([anchor]), drafts])
+        verified = target.forward(block, cache, layers)
+        if sampling.greedy:
+            accepted, bonus = accept_greedy(drafts, verified.logits)
+        else:
+            probs = proposal.probs[: drafts.numel()] if proposal.probs is not None else None
+            accepted, bonus = accept_rejection(drafts, probs, verified.logits, sampling, generator)
+        verify_end = clock.now()
+
+        kv_len = context_len + len(out) - 1  # KV length before this step: everything but the anchor
+        target.crop(cache, kv_len + 1 + accepted)  # keep the anchor and the accepted drafts
+        new_ids = drafts[:accepted].tolist() + [bonus]
+        drafter.commit(block.new_tensor(new_ids), None if verified.hidden is None else verified.hidden[: accepted + 1])
+
+        emitted = 0
+        for token in new_ids:
+            out.append(token)
+            emitted += 1
+            if token in stop_ids:
+                result.stop_reason = "eos"
+                break
+        anchor = out[-1]
+        state = drafter.state_bytes()
+        step_end = clock.now()
+        result.steps.append(StepInfo(
+            context_len=kv_len, num_drafted=drafts.numel(), num_accepted=accepted, emitted=emitted,
+            draft_s=draft_end - step_start, verify_s=verify_end - draft_end, step_s=step_end - step_start,
+            draft_state_bytes=state.total, draft_history_bytes=state.history,
+        ))
+
+    if result.stop_reason == "max_new_tokens" and len(out) >= token_limit and token_limit < max_new_tokens:
+        result.stop_reason = "context_limit"
+    result.decode_s = clock.now() - t0
+    return result

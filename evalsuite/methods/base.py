@@ -1,0 +1,117 @@
+"""The one drafter interface every method implements, and the method registry.
+
+Bookkeeping convention, shared by the engine and every drafter:
+- The drafter sees the context as token ids `ids[0..n]`, where `ids[n]` is the *anchor*: the newest token,
+  already chosen by the target but not yet run through it.
+- Target features exist for every position before the anchor: `features[i]` holds the target hidden states
+  at position i for the layers the drafter asked for (`feature_layers`), shape [n, S, H].
+- `start_turn(ids, features)` hands over the whole context at the start of a turn (after the target prefill).
+- `propose(k, sampling)` returns k draft tokens continuing after the anchor.
+- `commit(new_ids, new_features)` reports one verify step: `new_features` are the target features of the old
+  anchor and the accepted drafts (m rows); `new_ids` are the accepted drafts plus the bonus token (m tokens,
+  the new anchor last). The context therefore grows by m tokens and m feature rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+import torch
+
+from evalsuite.errors import UserError
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Target sampling parameters. temperature 0 means greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor  # [k] int64 on the target device
+    probs: torch.Tensor | None = None  # [k, V] float32: the distribution each token was drawn from (None = one-hot)
+
+
+@dataclass(frozen=True)
+class DraftState:
+    """Draft-side memory in bytes. `history` grows with the context (draft KV, cached features);
+    `working` is per-step scratch that does not (the block being drafted, RNN state)."""
+
+    history: int = 0
+    working: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.history + self.working
+
+
+class Drafter:
+    """Base class: a drafter that proposes nothing (the `ar` baseline behaves exactly like this)."""
+
+    name: ClassVar[str] = "base"
+    feature_layers: tuple[int, ...] = ()  # target layer ids this drafter reads (HF convention: j → hidden_states[j+1])
+    checkpoint_hash: str | None = None
+    checkpoint_path: str | None = None
+
+    def start_turn(self, ids: torch.Tensor, features: torch.Tensor | None) -> None:
+        """Whole context at the start of a turn: ids [n+1] (anchor last), features [n, S, H] or None."""
+
+    def propose(self, k: int, sampling: Sampling, generator: torch.Generator | None) -> Proposal:
+        raise NotImplementedError
+
+    def commit(self, new_ids: torch.Tensor, new_features: torch.Tensor | None) -> None:
+        """One verify step: m new tokens (accepted drafts + bonus) and the m feature rows before them."""
+
+    def state_bytes(self) -> DraftState:
+        return DraftState()
+
+    def describe(self) -> dict:
+        """What run.json records about this drafter."""
+        return {"method": self.name, "checkpoint": self.checkpoint_path, "checkpoint_sha256": self.checkpoint_hash,
+                "feature_layers": list(self.feature_layers)}
+
+
+def tensor_bytes(*tensors: torch.Tensor | None) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+# ---- registry ------------------------------------------------------------------------------------------------
+# A factory takes (target, options) and returns a ready Drafter; options carries CLI settings such as
+# the drafter checkpoint path (`drafter`) and method-specific knobs.
+DrafterFactory = Callable[..., Drafter]
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    name: str
+    factory: DrafterFactory
+    summary: str
+    needs_checkpoint: bool
+
+
+METHODS: dict[str, MethodInfo] = {}
+
+
+def register(name: str, summary: str, needs_checkpoint: bool = False):
+    def wrap(factory: DrafterFactory) -> DrafterFactory:
+        METHODS[name] = MethodInfo(name, factory, summary, needs_checkpoint)
+        return factory
+
+    return wrap
+
+
+def get_method(name: str) -> MethodInfo:
+    import evalsuite.methods  # noqa: F401  (imports every method module so that they register)
+
+    if name not in METHODS:
+        raise UserError(f"unknown method '{name}'; choose from: {', '.join(sorted(METHODS))}")
+    return METHODS[name]

