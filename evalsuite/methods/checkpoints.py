@@ -1,0 +1,224 @@
+"""Drafter checkpoints, shared by every learned method (dlite, dflash, dspark, eagle3).
+
+Stable API (other method modules import these names; keep their signatures):
+
+- `drafter_source(method, options) -> str | None`
+      what to load: `options["drafter"]` (`--drafter`), else the shipped default `baselines/drafters/<method>/`
+      when it holds a config.json, else None (the caller then builds a random-init drafter).
+- `resolve_checkpoint_dir(source) -> Path`
+      a local directory as is; anything else is an HF hub id fetched with `huggingface_hub.snapshot_download`
+      (cache first, then the network); failure is a one-line `UserError`.
+- `read_config(directory) -> dict`                the parsed config.json.
+- `detect_method(config) -> str`                  "dlite" | "dflash" | "dspark" | "eagle3", from config keys.
+- `load_state_dict(directory, device, dtype)`     every tensor of the checkpoint's *.safetensors files (never
+      pickle); `dtype` converts floating tensors only.
+- `checkpoint_sha256(directory) -> str`           sha256 over the safetensors files, the string run.json records.
+- `load_checkpoint(source, method) -> Checkpoint` all of the above in one call, with the method checked.
+- `check_fit(target, who, ...)`                   drafter/target compatibility → one-line `UserError`.
+- `load_weights(module, state, who, optional=())` strict key/shape match into an nn.Module → one-line `UserError`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from evalsuite.errors import UserError
+from evalsuite.target import weights_hash
+
+# Trained default drafters shipped with the repository, one directory per method (filled by the training work).
+DEFAULT_DRAFTER_ROOT = Path(__file__).resolve().parents[2] / "baselines" / "drafters"
+
+_CONFIG = "config.json"
+_INDEX = "model.safetensors.index.json"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    source: str  # what the user passed (path or hub id) or the default directory
+    path: Path  # local directory holding config.json and *.safetensors
+    config: dict
+    method: str
+    sha256: str
+
+    def state_dict(self, device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> dict:
+        return load_state_dict(self.path, device, dtype)
+
+
+def drafter_source(method: str, options: dict) -> str | None:
+    if options.get("drafter"):
+        return str(options["drafter"])
+    default = DEFAULT_DRAFTER_ROOT / method
+    if (default / _CONFIG).exists():
+        return str(default)
+    return None
+
+
+def _looks_like_path(source: str) -> bool:
+    return source.startswith((".", "/", "~")) or source.count("/") != 1
+
+
+def resolve_checkpoint_dir(source: str) -> Path:
+    path = Path(source).expanduser()
+    if path.exists():
+        if not (path / _CONFIG).exists():
+            raise UserError(f"--drafter {source}: no config.json there; point it at a drafter checkpoint directory")
+        return path
+    if _looks_like_path(source):
+        raise UserError(f"--drafter {source}: no such directory")
+    from huggingface_hub import snapshot_download
+
+    wanted = ["*.json", "*.safetensors"]
+    try:
+        return Path(snapshot_download(source, allow_patterns=wanted, local_files_only=True))
+    except Exception:  # not in the local hub cache: try the network below
+        pass
+    try:
+        return Path(snapshot_download(source, allow_patterns=wanted, etag_timeout=5))
+    except Exception as err:
+        raise UserError(
+            f"--drafter {source}: cannot download from the Hugging Face hub ({type(err).__name__}: offline or "
+            "unknown id); download it elsewhere and pass the local directory"
+        ) from None
+
+
+def read_config(directory: Path | str) -> dict:
+    path = Path(directory) / _CONFIG
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise UserError(f"drafter config {path} is unreadable ({type(err).__name__}); re-download the checkpoint")
+    if not isinstance(config, dict):
+        raise UserError(f"drafter config {path} is not a JSON object; re-download the checkpoint")
+    return config
+
+
+def detect_method(config: dict) -> str:
+    """Which method a released checkpoint belongs to (methods.md §1.2, §2, §3.2, §4.2).
+
+    - DLite: a nested `dlite_config`.
+    - z-lab DFlash: `architectures ["DFlashDraftModel"]` with a nested `dflash_config`.
+    - DeepSpec `Qwen3DSparkModel`: DSpark when it has a Markov head or a confidence head; with `markov_rank 0`
+      and no confidence head it is DeepSpec's DFlash baseline (the `*_block7` layout), run by `dflash`.
+    - EAGLE-3: `LlamaForCausalLMEagle3` (original/SpecForge) or `Qwen3Eagle3Model` (DeepSpec).
+    """
+    architectures = [str(a) for a in config.get("architectures") or []]
+    if "dlite_config" in config:
+        return "dlite"
+    if "DFlashDraftModel" in architectures or "dflash_config" in config:
+        projector = (config.get("dflash_config") or {}).get("projector_type")
+        if projector not in (None, "dflash"):
+            raise UserError(f"drafter config: SpecForge '{projector}' ports are not supported; use the official "
+                            "release of that method")
+        return "dflash"
+    if "Qwen3DSparkModel" in architectures:
+        has_heads = int(config.get("markov_rank", 0) or 0) > 0 or bool(config.get("enable_confidence_head"))
+        return "dspark" if has_heads else "dflash"
+    if any("Eagle3" in a for a in architectures):
+        return "eagle3"
+    raise UserError(f"drafter config: cannot tell the method from architectures={architectures}; pass --method "
+                    "explicitly with a checkpoint of that method")
+
+
+def _safetensors_files(directory: Path) -> list[Path]:
+    index = directory / _INDEX
+    if index.exists():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [directory / n for n in names]
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        pickled = [p.name for p in directory.glob("*.bin")] + [p.name for p in directory.glob("*.pt")]
+        hint = f" (found {', '.join(pickled)}: pickled weights are never loaded; convert them to safetensors)" \
+            if pickled else ""
+        raise UserError(f"drafter {directory}: no *.safetensors weights{hint}")
+    return files
+
+
+def load_state_dict(directory: Path | str, device: torch.device | str = "cpu",
+                    dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    for file in _safetensors_files(Path(directory)):
+        for key, tensor in load_file(str(file), device=str(device)).items():
+            if dtype is not None and tensor.is_floating_point():
+                tensor = tensor.to(dtype)
+            state[key] = tensor
+    return state
+
+
+def checkpoint_sha256(directory: Path | str) -> str:
+    return weights_hash(str(directory))
+
+
+def load_checkpoint(source: str, method: str | None = None) -> Checkpoint:
+    """Resolve, read and identify a checkpoint; with `method`, refuse one that belongs to another method."""
+    path = resolve_checkpoint_dir(source)
+    config = read_config(path)
+    found = detect_method(config)
+    if method is not None and found != method:
+        raise UserError(f"--drafter {source} is a {found} checkpoint, not {method}; run it with --method {found}")
+    _safetensors_files(path)  # fail on missing weights before anything else is built
+    return Checkpoint(source=source, path=path, config=config, method=found, sha256=checkpoint_sha256(path))
+
+
+def check_fit(target, who: str, *, hidden_size: int | None = None, vocab_size: int | None = None,
+              layer_ids: tuple[int, ...] | list[int] = (), num_target_layers: int | None = None,
+              mask_token_id: int | None = None, allow_embedding_layer: bool = False) -> None:
+    """Refuse a drafter that does not fit the target, with one line that names the mismatch.
+
+    `layer_ids` use the HF convention (j → hidden_states[j+1]); -1 (the embedding output) only when
+    `allow_embedding_layer`. `num_target_layers` is the depth the drafter was trained against.
+    """
+    fix = "use a drafter trained for this target"
+    if hidden_size is not None and int(hidden_size) != target.hidden_size:
+        raise UserError(f"{who}: drafter hidden size {hidden_size} != target hidden size {target.hidden_size}; {fix}")
+    if vocab_size is not None and int(vocab_size) != target.vocab_size:
+        raise UserError(f"{who}: drafter vocabulary {vocab_size} != target vocabulary {target.vocab_size}; {fix}")
+    if num_target_layers is not None and int(num_target_layers) != target.num_layers:
+        raise UserError(f"{who}: drafter was built for a {num_target_layers}-layer target, this target has "
+                        f"{target.num_layers} layers; {fix}")
+    lowest = -1 if allow_embedding_layer else 0
+    bad = [j for j in layer_ids if not lowest <= int(j) < target.num_layers]
+    if bad:
+        raise UserError(f"{who}: drafter reads target layers {bad}, the target has layers 0..{target.num_layers - 1}; "
+                        f"{fix}")
+    if mask_token_id is not None:
+        rows = target.embed_tokens.weight.shape[0]
+        if not 0 <= int(mask_token_id) < rows:
+            raise UserError(f"{who}: mask token id {mask_token_id} is outside the target embedding table "
+                            f"({rows} rows); {fix}")
+
+
+def load_weights(module: torch.nn.Module, state: dict[str, torch.Tensor], who: str,
+                 optional: tuple[str, ...] = ()) -> list[str]:
+    """Copy `state` into `module`: every module key must be present (except keys starting with a prefix in
+    `optional`, returned as the list of missing optional keys), no extra keys, identical shapes."""
+    own = module.state_dict()
+    missing = [k for k in own if k not in state]
+    missing_required = [k for k in missing if not k.startswith(optional)]
+    unexpected = [k for k in state if k not in own]
+    if missing_required or unexpected:
+        parts = []
+        if missing_required:
+            parts.append(f"missing {_few(missing_required)}")
+        if unexpected:
+            parts.append(f"unexpected {_few(unexpected)}")
+        raise UserError(f"{who}: checkpoint keys do not match the {who} layout ({'; '.join(parts)}); "
+                        "is it a checkpoint of this method?")
+    shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in own.items()
+              if k in state and tuple(state[k].shape) != tuple(v.shape)]
+    if shapes:
+        raise UserError(f"{who}: checkpoint shapes disagree with its config.json ({_few(shapes)}); re-download it")
+    with torch.no_grad():
+        for key, value in own.items():
+            if key in state:
+                value.copy_(state[key].to(value.dtype))
+    return missing
+
+
+def _few(items: list[str], n: int = 3) -> str:
+    return ", ".join(items[:n]) + (f" (+{len(items) - n} more)" if len(items) > n else "")
