@@ -126,7 +126,7 @@ class TargetModel:
         self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
         self.max_context: int = int(getattr(cfg, "max_position_embeddings", 8192))
         eos = model.generation_config.eos_token_id if model.generation_config else None
-        if eos is None:
+        if eos is None and tokenizer is not None:
             eos = tokenizer.eos_token_id
         self.stop_ids: frozenset[int] = frozenset([eos] if isinstance(eos, int) else (eos or []))
 
