@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from evalsuite.methods.base import Drafter, Sampling
+from evalsuite.methods.base import Drafter, Proposal, Sampling
 from evalsuite.sampling import accept_greedy, accept_rejection, sample_from, target_probs
 from evalsuite.target import TargetModel
 from evalsuite.timing import DeviceClock
@@ -66,6 +66,7 @@ def decode_turn(
     context_len = context_ids.numel()
     token_limit = min(max_new_tokens, target.max_context - context_len)
 
+    no_drafts = context_ids.new_empty(0)
     t0 = clock.now()
     anchor = first_token(prefill_logits, sampling, generator)
     out = [anchor]
@@ -76,24 +77,26 @@ def decode_turn(
 
     while result.stop_reason == "max_new_tokens" and len(out) < token_limit:
         step_start = clock.now()
-        room = min(k, token_limit - len(out) - 1, target.max_context - (context_len + len(out)) - 1)
-        proposal = drafter.propose(max(room, 0), sampling, generator)
-        drafts = proposal.tokens[: max(room, 0)]
+        room = max(min(k, token_limit - len(out) - 1, target.max_context - (context_len + len(out)) - 1), 0)
+        # with no room left (last token of the budget) the step is a plain AR step; drafters never see k=0
+        proposal = drafter.propose(room, sampling, generator) if room else Proposal(no_drafts)
+        drafts = proposal.tokens[:room]
         draft_end = clock.now()
 
         block = torch.cat([drafts.new_tensor([anchor]), drafts])
         verified = target.forward(block, cache, layers)
+        verify_end = clock.now()
         if sampling.greedy:
             accepted, bonus = accept_greedy(drafts, verified.logits)
         else:
             probs = proposal.probs[: drafts.numel()] if proposal.probs is not None else None
             accepted, bonus = accept_rejection(drafts, probs, verified.logits, sampling, generator)
-        verify_end = clock.now()
-
         kv_len = context_len + len(out) - 1  # KV length before this step: everything but the anchor
         target.crop(cache, kv_len + 1 + accepted)  # keep the anchor and the accepted drafts
         new_ids = drafts[:accepted].tolist() + [bonus]
+        commit_start = clock.now()
         drafter.commit(block.new_tensor(new_ids), None if verified.hidden is None else verified.hidden[: accepted + 1])
+        commit_end = clock.now()
 
         emitted = 0
         for token in new_ids:
@@ -105,10 +108,12 @@ def decode_turn(
         anchor = out[-1]
         state = drafter.state_bytes()
         step_end = clock.now()
+        # draft_s is all drafter work (propose + commit); verify_s is the target forward alone; the rest of
+        # step_s (acceptance, cache rollback, bookkeeping) is the engine's own overhead.
         result.steps.append(StepInfo(
             context_len=kv_len, num_drafted=drafts.numel(), num_accepted=accepted, emitted=emitted,
-            draft_s=draft_end - step_start, verify_s=verify_end - draft_end, step_s=step_end - step_start,
-            draft_state_bytes=state.total, draft_history_bytes=state.history,
+            draft_s=(draft_end - step_start) + (commit_end - commit_start), verify_s=verify_end - draft_end,
+            step_s=step_end - step_start, draft_state_bytes=state.total, draft_history_bytes=state.history,
         ))
 
     if result.stop_reason == "max_new_tokens" and len(out) >= token_limit and token_limit < max_new_tokens:

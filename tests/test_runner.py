@@ -1,0 +1,191 @@
+"""End-to-end runs on tiny targets: record schemas and values, pairing with AR, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from evalsuite.cli import app
+from evalsuite.records import STEP_SCHEMA, TURN_SCHEMA, load_steps, load_turns
+
+cli = CliRunner()
+
+
+def run_cli(*args: str):
+    return cli.invoke(app, ["run", *args], catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def ngram_run(tiny_qwen3_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "ngram-mt"
+    result = run_cli("--method", "ngram,ar", "--task", "mt-bench", "--target", str(tiny_qwen3_dir), "--limit", "3",
+                     "--max-new-tokens", "40", "--k", "5", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_tables_have_the_documented_schema(ngram_run):
+    steps, turns = load_steps(ngram_run), load_turns(ngram_run)
+    assert list(steps.columns) == STEP_SCHEMA.names
+    assert list(turns.columns) == TURN_SCHEMA.names
+    # pandas can read the part directories directly, as the README says
+    assert len(pd.read_parquet(ngram_run / "steps.parquet")) == len(steps)
+    assert set(turns.method) == {"ngram", "ar"}
+    assert len(turns) == 3 * 2 * 2  # samples x turns x methods
+
+
+def test_tau_and_context_len_follow_from_the_steps(ngram_run):
+    steps, turns = load_steps(ngram_run), load_turns(ngram_run)
+    for (method, sample, turn), group in steps.groupby(["method", "sample_id", "turn"]):
+        row = turns[(turns.method == method) & (turns.sample_id == sample) & (turns.turn == turn)].iloc[0]
+        group = group.sort_values("step")
+        assert row.tau == pytest.approx((group.num_accepted + 1).mean())
+        assert row.num_steps == len(group)
+        # the KV length grows by exactly what each step emitted, starting from the rendered prompt
+        expected = row.context_len + group.emitted.cumsum().shift(fill_value=0)
+        assert list(group.context_len) == list(expected)
+        assert group.emitted.sum() + 1 == row.new_tokens == len(row.output_ids)
+        assert all(list(f) == [i < a for i in range(d)] for f, a, d in
+                   zip(group.accept_flags, group.num_accepted, group.num_drafted))
+        if method == "ar":
+            assert (group.num_drafted == 0).all() and row.tau == 1.0
+
+
+def test_speculative_output_equals_ar_output(ngram_run):
+    turns = load_turns(ngram_run)
+    ar = turns[turns.method == "ar"].set_index(["sample_id", "turn"]).output_ids
+    ngram = turns[turns.method == "ngram"].set_index(["sample_id", "turn"]).output_ids
+    for key in ar.index:
+        assert list(ar[key]) == list(ngram[key])
+
+
+def test_turn_two_context_contains_turn_one(ngram_run):
+    turns = load_turns(ngram_run)
+    for (method, sample), group in turns.groupby(["method", "sample_id"]):
+        first, second = group.sort_values("turn").itertuples()
+        assert second.context_len > first.context_len + first.new_tokens - 2
+
+
+def test_speedup_is_paired_with_ar(ngram_run):
+    turns = load_turns(ngram_run)
+    ngram = turns[turns.method == "ngram"]
+    ar = turns[turns.method == "ar"].set_index(["sample_id", "turn"])
+    for row in ngram.itertuples():
+        paired = ar.loc[(row.sample_id, row.turn)]
+        assert row.ar_decode_s == paired.decode_s and row.ar_new_tokens == paired.new_tokens
+        assert row.speedup == pytest.approx((paired.decode_s / paired.new_tokens) / (row.decode_s / row.new_tokens))
+
+
+def test_run_json_records_the_configuration(ngram_run):
+    config = json.loads((ngram_run / "run.json").read_text())
+    for key in ("target_sha256", "chat_template_sha256", "enable_thinking", "temperature", "seed", "k",
+                "max_new_tokens", "drafters", "sample_ids", "dtype", "conventions"):
+        assert key in config, key
+    env = config["environment"]
+    assert env["versions"]["torch"] and env["device_name"] and env["git_commit"]
+    assert len(config["target_sha256"]) == 64
+    assert config["drafters"]["ngram"]["max_ngram"] == 3
+
+
+def test_rerun_without_resume_refuses(ngram_run, tiny_qwen3_dir):
+    result = run_cli("--method", "ngram,ar", "--task", "mt-bench", "--target", str(tiny_qwen3_dir), "--limit", "3",
+                     "--max-new-tokens", "40", "--k", "5", "--out", str(ngram_run))
+    assert result.exit_code == 2 and "--resume" in result.output
+
+
+def test_resume_refuses_a_changed_configuration(ngram_run, tiny_qwen3_dir):
+    result = run_cli("--method", "ngram,ar", "--task", "mt-bench", "--target", str(tiny_qwen3_dir), "--limit", "3",
+                     "--max-new-tokens", "40", "--k", "3", "--out", str(ngram_run), "--resume")
+    assert result.exit_code == 2 and "k differs" in result.output
+
+
+def test_resume_on_finished_run_does_nothing(ngram_run, tiny_qwen3_dir):
+    before = sorted(p.stat().st_mtime_ns for p in (ngram_run / "turns.parquet").glob("*.parquet"))
+    result = run_cli("--method", "ngram,ar", "--task", "mt-bench", "--target", str(tiny_qwen3_dir), "--limit", "3",
+                     "--max-new-tokens", "40", "--k", "5", "--out", str(ngram_run), "--resume")
+    assert result.exit_code == 0, result.output
+    after = sorted(p.stat().st_mtime_ns for p in (ngram_run / "turns.parquet").glob("*.parquet"))
+    assert before == after
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--method", "nosuch"], "unknown method 'nosuch'"),
+    (["--task", "nosuch"], "unknown task 'nosuch'"),
+    (["--k", "0"], "--k 0"),
+    (["--k", "100"], "--k 100"),
+    (["--target", "/no/such/model"], "no such directory"),
+    (["--replay", "sideways"], "--replay sideways"),
+    (["--out", "/proc/evalsuite-cannot-write"], "not writable"),
+])
+def test_bad_input_gives_one_line_error(args, message, tiny_llama_dir):
+    base = ["--target", str(tiny_llama_dir), "--limit", "1", "--max-new-tokens", "4"]
+    result = run_cli(*base, *args)
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_model_dir_without_config_is_a_clear_error(tmp_path):
+    result = run_cli("--target", str(tmp_path), "--limit", "1")
+    assert result.exit_code == 2 and "no config.json" in result.output
+
+
+def test_context_longer_than_the_target_is_a_recorded_skip(tmp_path):
+    from evalsuite.testing import build_tiny_target
+
+    short = build_tiny_target(tmp_path / "short", "llama", max_positions=64)
+    out = tmp_path / "run"
+    result = run_cli("--method", "ngram", "--task", "gsm8k", "--target", str(short), "--limit", "3",
+                     "--max-new-tokens", "8", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    turns = load_turns(out)
+    assert (turns.stop_reason == "skipped").all()
+    assert turns.skip_reason.str.contains("reaches the target maximum of 64").all()
+    assert len(load_steps(out)) == 0
+
+
+def _run_args(target_dir: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "evalsuite.cli", "run", "--method", "ngram", "--task", "gsm8k", "--target",
+            str(target_dir), "--limit", "6", "--max-new-tokens", "48", "--out", str(out), "--no-warmup"]
+
+
+def test_sigkill_then_resume_loses_and_duplicates_nothing(tmp_path, tiny_llama_dir):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    reference = tmp_path / "reference"
+    subprocess.run(_run_args(tiny_llama_dir, reference), check=True, capture_output=True, env=env, timeout=300)
+
+    interrupted = tmp_path / "interrupted"
+    proc = subprocess.Popen(_run_args(tiny_llama_dir, interrupted), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 240
+    parts = interrupted / "turns.parquet"
+    while time.time() < deadline and len(list(parts.glob("*.parquet"))) < 2:  # 1 trajectory = 1 part here
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done_before = len(list(parts.glob("*.parquet")))
+    assert 0 < done_before < 6, "the kill must land mid-run"
+
+    resumed = subprocess.run(_run_args(tiny_llama_dir, interrupted) + ["--resume"], capture_output=True, text=True,
+                             env=env, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    got, want = load_turns(interrupted), load_turns(reference)
+    assert not got.duplicated(["method", "sample_id", "turn"]).any()
+    assert sorted(got.sample_id) == sorted(want.sample_id)
+    key = ["method", "sample_id", "turn"]
+    merged = got.merge(want, on=key, suffixes=("", "_ref"))
+    assert len(merged) == len(want)
+    assert all(list(a) == list(b) for a, b in zip(merged.output_ids, merged.output_ids_ref))
+    steps = load_steps(interrupted)
+    assert not steps.duplicated(["method", "sample_id", "turn", "step"]).any()
+    assert len(steps) == len(load_steps(reference))
