@@ -1,0 +1,93 @@
+"""Self-distillation data: the target answers every training prompt greedily (T=0).
+
+Why regenerate instead of one teacher-forced pass over the logged ShareGPT replies: at T=0 a drafter is
+accepted exactly when it predicts the target's own greedy continuation *on text the target wrote itself*.
+Logged GPT replies are another model's text, so their contexts (and the target features on them) differ from
+what the drafter sees at evaluation. DLite, DSpark and EAGLE-3 all train on target-regenerated data for the same
+reason (methods.md §1.1, §4.3). The teacher-forced feature pass (features.py) then adds, at every position, the
+target's greedy token and its hidden states on exactly these sequences.
+
+Batched `generate` with left padding is ~10x faster per token than batch 1 on CPU; the file is appended batch by
+batch, so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from evalsuite.train.data import Conversation
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    max_prompt_tokens: int = 384
+    max_new_tokens: int = 256
+    batch_size: int = 32
+
+
+@dataclass
+class Sequence:
+    conv_id: str
+    prompt_ids: list[int]
+    response_ids: list[int]  # ends with a stop token unless `stop` is "length"
+    stop: str
+
+    @property
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+
+def read_sequences(path: Path) -> list[Sequence]:
+    if not Path(path).exists():
+        return []
+    return [Sequence(**json.loads(line)) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def regenerate(target, conversations: list[Conversation], out_path: Path, options: GenerationOptions,
+               progress: Callable[[int, int], None] = lambda done, tokens: None) -> dict:
+    """Append the target's greedy reply to each conversation to `out_path` (JSONL); skip ids already there."""
+    done = {s.conv_id for s in read_sequences(out_path)}
+    todo, too_long = [], 0
+    for conv in conversations:
+        if conv.conv_id in done:
+            continue
+        ids = target.render(conv.as_messages())
+        if len(ids) > options.max_prompt_tokens:
+            too_long += 1
+            continue
+        todo.append((conv.conv_id, ids))
+    todo.sort(key=lambda item: len(item[1]))  # similar lengths per batch: less padding
+    pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else 0
+    stops = target.stop_ids
+    new_tokens = 0
+    with open(out_path, "a") as fh:
+        for start in range(0, len(todo), options.batch_size):
+            batch = todo[start:start + options.batch_size]
+            width = max(len(ids) for _, ids in batch)
+            inputs = torch.tensor([[pad] * (width - len(ids)) + ids for _, ids in batch], device=target.device)
+            mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for _, ids in batch], device=target.device)
+            with torch.inference_mode():
+                out = target.model.generate(input_ids=inputs, attention_mask=mask, do_sample=False,
+                                            max_new_tokens=options.max_new_tokens, pad_token_id=pad,
+                                            eos_token_id=sorted(stops) or None)
+            batch_tokens = 0
+            for (conv_id, ids), row in zip(batch, out[:, width:].tolist()):
+                response, stop = [], "length"
+                for token in row:
+                    response.append(token)
+                    if token in stops:
+                        stop = "eos"
+                        break
+                batch_tokens += len(response)
+                fh.write(json.dumps({"conv_id": conv_id, "prompt_ids": ids, "response_ids": response,
+                                     "stop": stop}) + "\n")
+            fh.flush()
+            new_tokens += batch_tokens
+            progress(len(batch), batch_tokens)
+    return {"generated": len(todo), "skipped_too_long": too_long, "already_done": len(done),
+            "new_tokens": new_tokens}
