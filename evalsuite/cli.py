@@ -156,6 +156,31 @@ def tasks():
     out.print(table)
 
 
+@app.command()
+@friendly_errors
+def report(
+    results_dirs: list[Path] = typer.Argument(..., help="Run directories written by `evalsuite run --out`.",
+                                              show_default=False),
+    out_dir: Path = typer.Option(..., "--out", help="Report directory, e.g. reports/<name>/."),
+    formats: str = typer.Option("all", "--format", help="md | latex | csv | html | all (comma-separate several). "
+                                                       "Figures (PNG+SVG) are always written."),
+    allow_mixed: bool = typer.Option(False, help="Merge runs whose drift-relevant configuration differs."),
+    seed: int = typer.Option(0, help="Bootstrap seed (the CIs are deterministic given it)."),
+    resamples: int = typer.Option(2000, help="Bootstrap resamples per CI."),
+):
+    """Tables, figures and an HTML page from stored runs (never reruns anything)."""
+    from evalsuite.report.build import parse_formats, write_report
+
+    if resamples < 100:
+        raise UserError(f"--resamples {resamples}: use at least 100 for a meaningful 95 % interval")
+    with console.status("building the report…"):
+        result = write_report(results_dirs, out_dir, parse_formats(formats), allow_mixed, seed, resamples)
+    for note in result.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+    index = out_dir / "index.html"
+    console.print(f"{len(result.files)} files in {out_dir}" + (f"; open {index}" if index in result.files else ""))
+
+
 def _fmt(value, digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"

@@ -1,0 +1,61 @@
+"""One static page, `index.html`: a header with the runs' configurations and versions, then every table and figure.
+Images are referenced relatively, so the report folder can be moved or served as it is."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from evalsuite.report.figures import FigureFile
+from evalsuite.report.tables import Table, to_html
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", "DejaVu Sans", sans-serif; margin: 2rem auto;
+       max-width: 1200px; padding: 0 1rem; color: #1d2733; line-height: 1.45; }
+h1 { font-size: 1.6rem; margin-bottom: .2rem; }
+h2 { font-size: 1.25rem; margin-top: 2.2rem; border-bottom: 1px solid #d6dbe1; padding-bottom: .2rem; }
+h3 { font-size: 1.05rem; margin: 1.4rem 0 .4rem; }
+.subtitle { color: #56606b; margin-top: 0; }
+.warning { background: #fff4e5; border-left: 4px solid #e8890c; padding: .5rem .8rem; margin: .6rem 0; }
+.note { background: #eef4fb; border-left: 4px solid #4a7fc1; padding: .5rem .8rem; margin: .6rem 0; }
+.scroll { overflow-x: auto; }
+table { border-collapse: collapse; font-size: .88rem; margin: .3rem 0; }
+th, td { padding: .25rem .6rem; white-space: nowrap; }
+thead tr:first-child th { border-top: 2px solid #1d2733; }
+thead tr:last-child th { border-bottom: 1px solid #1d2733; }
+tbody tr:last-child td { border-bottom: 2px solid #1d2733; }
+th.group { border-bottom: 1px solid #9aa4ae; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.label { text-align: left; white-space: normal; max-width: 30rem; }
+tbody tr:nth-child(even) { background: #f6f8fa; }
+ul.notes { font-size: .8rem; color: #56606b; margin: .3rem 0 0; padding-left: 1.2rem; }
+figure { margin: 1rem 0 2rem; }
+figure img { max-width: 100%; border: 1px solid #e5e8eb; }
+figcaption { font-size: .85rem; color: #56606b; }
+nav a { margin-right: .8rem; }
+"""
+
+
+def page(title: str, subtitle: str, warnings: list[str], notes: list[str], header_tables: list[Table],
+         tables: list[Table], figures: list[FigureFile], base: Path) -> str:
+    parts = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
+             '<meta name="viewport" content="width=device-width, initial-scale=1">',
+             f"<title>{html.escape(title)}</title>", f"<style>{STYLE}</style>", "</head>", "<body>",
+             f"<h1>{html.escape(title)}</h1>", f'<p class="subtitle">{html.escape(subtitle)}</p>']
+    parts.append('<nav><a href="#runs">Runs</a><a href="#tables">Tables</a><a href="#figures">Figures</a></nav>')
+    parts += [f'<div class="warning">{html.escape(w)}</div>' for w in warnings]
+    parts += [f'<div class="note">{html.escape(n)}</div>' for n in notes]
+    parts.append('<h2 id="runs">Runs: configuration and versions</h2>')
+    parts += [f'<div class="scroll">{to_html(t)}</div>' for t in header_tables]
+    parts.append('<h2 id="tables">Tables</h2>')
+    parts += [f'<div class="scroll">{to_html(t)}</div>' for t in tables]
+    parts.append('<h2 id="figures">Figures</h2>')
+    for figure in figures:
+        png = figure.png.relative_to(base).as_posix()
+        svg = figure.svg.relative_to(base).as_posix()
+        parts.append(f'<figure id="fig-{figure.name}"><h3>{html.escape(figure.title)}</h3>'
+                     f'<img src="{html.escape(png)}" alt="{html.escape(figure.title)}">'
+                     f'<figcaption>{html.escape(figure.caption)} '
+                     f'<a href="{html.escape(svg)}">SVG</a></figcaption></figure>')
+    parts += ["</body>", "</html>"]
+    return "\n".join(parts) + "\n"

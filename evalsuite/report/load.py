@@ -1,0 +1,187 @@
+"""Read run directories and merge them into one set of tables, refusing to mix incomparable configurations.
+
+Every row keeps a `run` column (a unique key per directory) so that each number can be traced to the run.json
+that produced it. A run with a `--subset` is labelled `task:subset` (e.g. `longbench-v2:Multi-Document QA`), so
+subsets of one task become separate columns of the tables.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from evalsuite.config import DRIFT_FIELDS
+from evalsuite.errors import UserError
+from evalsuite.records import load_steps, load_turns
+from evalsuite.runner import BASELINE
+
+# Drift fields that legitimately differ between runs of *different* tasks; they must agree only among runs of
+# the same task (otherwise two rows of one table column would come from different protocols).
+PER_TASK_FIELDS = ("task", "replay", "seed", "max_new_tokens", "context_policy")
+# Fields that every merged run must share, derived from the one list of drift fields.
+GLOBAL_FIELDS = tuple(f for f in DRIFT_FIELDS if f not in PER_TASK_FIELDS and f != "drafter_sha256")
+# What identifies which samples a run drew; runs of one task must agree on it too.
+SAMPLE_SET_FIELDS = ("subset", "data_path")
+
+
+@dataclass
+class RunInfo:
+    key: str  # unique among the merged runs (the directory name, suffixed when two share a name)
+    path: Path
+    config: dict
+
+    @property
+    def task_label(self) -> str:
+        return task_label(self.config.get("task", "?"), self.config.get("subset"))
+
+
+@dataclass
+class Results:
+    steps: pd.DataFrame  # StepRecord rows plus `run` and `temperature`; `task` holds the task label
+    turns: pd.DataFrame  # TurnRecord rows (without output_ids) plus `run` and `temperature`
+    runs: list[RunInfo]
+    mixed: list[str] = field(default_factory=list)  # differences accepted under --allow-mixed, one line each
+    notes: list[str] = field(default_factory=list)  # merge decisions the reader should know about
+
+    @property
+    def methods(self) -> list[str]:
+        """Alphabetical, the `ar` baseline last."""
+        return sorted(set(self.turns.method), key=lambda m: (m == BASELINE, m))
+
+    @property
+    def tasks(self) -> list[str]:
+        """In the order the run directories were given."""
+        return list(dict.fromkeys(r.task_label for r in self.runs))
+
+
+def task_label(task: str, subset: str | None) -> str:
+    return f"{task}:{subset}" if subset else task
+
+
+def read_run(path: Path, key: str) -> tuple[RunInfo, pd.DataFrame, pd.DataFrame]:
+    path = Path(path)
+    config_path = path / "run.json"
+    if not config_path.is_file():
+        raise UserError(f"{path}: no run.json here; pass directories written by `evalsuite run --out DIR`")
+    try:
+        config = json.loads(config_path.read_text())
+    except ValueError as err:
+        raise UserError(f"{config_path}: not valid JSON ({err}); rerun `evalsuite run` into a new --out") from err
+    info = RunInfo(key, path, config)
+    steps, turns = load_steps(path), load_turns(path).drop(columns=["output_ids"])
+    if turns.empty:
+        raise UserError(f"{path}: no finished trajectories in turns.parquet; finish the run with "
+                        f"`evalsuite run ... --out {path} --resume`")
+    _check_flags(steps, path)
+    for frame in (steps, turns):
+        frame["run"] = key
+        frame["task"] = info.task_label
+        frame["temperature"] = float(config.get("temperature", float("nan")))
+    return info, steps, turns
+
+
+def load_results(paths: list[Path], allow_mixed: bool = False) -> Results:
+    if not paths:
+        raise UserError("name at least one results directory (written by `evalsuite run --out DIR`)")
+    runs, steps, turns = [], [], []
+    for path in paths:
+        key = _unique_key(Path(path).resolve().name, {r.key for r in runs})
+        info, run_steps, run_turns = read_run(Path(path), key)
+        runs.append(info)
+        steps.append(run_steps)
+        turns.append(run_turns)
+    mixed = config_differences(runs)
+    if mixed and not allow_mixed:
+        raise UserError(f"{mixed[0]}; these runs are not comparable. Pass --allow-mixed to merge them anyway")
+    steps_all = pd.concat(steps, ignore_index=True)
+    turns_all = pd.concat(turns, ignore_index=True)
+    notes = []
+    steps_all, turns_all = _drop_duplicate_pairs(steps_all, turns_all, runs, notes)
+    return Results(steps_all, turns_all, runs, mixed, notes)
+
+
+def config_differences(runs: list[RunInfo]) -> list[str]:
+    """One line per drift-relevant field on which the runs disagree, naming the field, the values and the runs."""
+    lines = []
+    lines += _differences(runs, GLOBAL_FIELDS, scope="")
+    for label in _ordered(pd.Series([r.task_label for r in runs])):
+        same_task = [r for r in runs if r.task_label == label]
+        lines += _differences(same_task, PER_TASK_FIELDS + SAMPLE_SET_FIELDS, scope=f" among the {label} runs")
+    methods = sorted({m for r in runs for m in (r.config.get("drafter_sha256") or {})})
+    for method in methods:
+        having = [r for r in runs if method in (r.config.get("drafter_sha256") or {})]
+        values = {r.key: r.config["drafter_sha256"][method] for r in having}
+        if len(set(map(str, values.values()))) > 1:
+            lines.append(f"drafter_sha256 of method {method} differs: " + _listing(values))
+    return lines
+
+
+def _differences(runs: list[RunInfo], names: tuple[str, ...], scope: str) -> list[str]:
+    lines = []
+    for name in names:
+        values = {r.key: r.config.get(name) for r in runs}
+        if len({json.dumps(v, sort_keys=True, default=str) for v in values.values()}) > 1:
+            lines.append(f"{name} differs{scope}: " + _listing(values))
+    return lines
+
+
+def _listing(values: dict) -> str:
+    return ", ".join(f"{value!r} in {key}" for key, value in values.items())
+
+
+def _drop_duplicate_pairs(steps, turns, runs, notes):
+    """The same (method, task, sample) measured in two runs (typically the `ar` baseline recorded twice) would be
+    counted twice; keep the first run's copy and say so."""
+    first_run = turns.groupby(["method", "task", "sample_id"], sort=False).run.first().rename("keep_run")
+    runs_per_pair = turns.groupby(["method", "task", "sample_id"], sort=False).run.nunique()
+    duplicated = runs_per_pair[runs_per_pair > 1]
+    if duplicated.empty:
+        return steps, turns
+    for (method, task), group in duplicated.reset_index().groupby(["method", "task"], sort=False):
+        kept = first_run.loc[(method, task, group.sample_id.iloc[0])]
+        others = sorted(set(turns[(turns.method == method) & (turns.task == task)].run) - {kept})
+        notes.append(f"{method} on {task}: {len(group)} trajectories appear in several runs; "
+                     f"kept those of {kept}, ignored the copies in {', '.join(others)}")
+    steps = steps.join(first_run, on=["method", "task", "sample_id"])
+    turns = turns.join(first_run, on=["method", "task", "sample_id"])
+    steps = steps[steps.run == steps.keep_run].drop(columns="keep_run").reset_index(drop=True)
+    turns = turns[turns.run == turns.keep_run].drop(columns="keep_run").reset_index(drop=True)
+    return steps, turns
+
+
+def _check_flags(steps: pd.DataFrame, path: Path) -> None:
+    """Per-position rates are computed from num_drafted/num_accepted; they must agree with accept_flags."""
+    if steps.empty:
+        return
+    lengths = steps.accept_flags.map(len)
+    leading = steps.accept_flags.map(_leading_true)
+    bad = (lengths != steps.num_drafted) | (leading != steps.num_accepted) | (steps.num_accepted > steps.num_drafted)
+    if bad.any():
+        row = steps[bad].iloc[0]
+        raise UserError(f"{path}: steps.parquet is inconsistent (method {row.method}, sample {row.sample_id}, "
+                        f"turn {row.turn}, step {row.step}: accept_flags {list(row.accept_flags)} vs "
+                        f"num_drafted {row.num_drafted}, num_accepted {row.num_accepted}); rerun that run")
+
+
+def _leading_true(flags) -> int:
+    count = 0
+    for flag in flags:
+        if not flag:
+            break
+        count += 1
+    return count
+
+
+def _unique_key(name: str, taken: set[str]) -> str:
+    key, n = name, 2
+    while key in taken:
+        key, n = f"{name}-{n}", n + 1
+    return key
+
+
+def _ordered(values: pd.Series) -> list[str]:
+    """Distinct values in order of first appearance."""
+    return list(dict.fromkeys(values.tolist()))

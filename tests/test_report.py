@@ -1,0 +1,293 @@
+"""`evalsuite report` on hand-built results with known values: τ, per-position rates, speedup, bolding, bootstrap,
+the mixed-configuration refusal and the published-number matching."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from evalsuite.cli import app
+from evalsuite.errors import UserError
+from evalsuite.records import RunStore, StepRecord, TurnRecord
+from evalsuite.report import stats
+from evalsuite.report.build import parse_formats, write_report
+from evalsuite.report.load import load_results
+from evalsuite.report.published import PUBLISHED_DIR, comparison_table, load_published
+from evalsuite.report.tables import Cell, long_agentic_table, mark_best, tau_table, to_latex, to_markdown
+
+BASE_CONFIG = {"target_sha256": "t" * 64, "chat_template_sha256": "c" * 16, "enable_thinking": False,
+               "temperature": 0.0, "top_p": 1.0, "top_k": 0, "k": 3, "max_new_tokens": 64, "seed": 0,
+               "replay": "free", "context_policy": "stop", "dtype": "float32", "drafter_sha256": {},
+               "target_name": "HuggingFaceTB/SmolLM2-135M-Instruct (test)", "environment": {"versions": {}}}
+
+
+def turn(steps, decode_s=1.0, new_tokens=10, ar_decode_s=2.0, ar_new_tokens=10, stop_reason="eos",
+         context_len=100):
+    """One turn: `steps` as (num_drafted, num_accepted) pairs."""
+    return {"steps": steps, "decode_s": decode_s, "new_tokens": new_tokens, "ar_decode_s": ar_decode_s,
+            "ar_new_tokens": ar_new_tokens, "stop_reason": stop_reason, "context_len": context_len}
+
+
+def skipped_turn(context_len=5000):
+    return turn([], 0.0, 0, 0.0, 0, stop_reason="skipped", context_len=context_len)
+
+
+def write_run(directory: Path, task: str, methods: dict[str, dict[str, list[dict]]], **config) -> Path:
+    """methods: method → sample_id → list of turns (see `turn`)."""
+    store = RunStore(directory)
+    store.prepare()
+    for method, samples in methods.items():
+        for sample_id, turns in samples.items():
+            step_records, turn_records = [], []
+            for index, t in enumerate(turns):
+                context = t["context_len"]
+                for i, (drafted, accepted) in enumerate(t["steps"]):
+                    step_records.append(StepRecord(
+                        run_id=directory.name, method=method, task=task, sample_id=sample_id, turn=index, step=i,
+                        context_len=context, num_drafted=drafted, num_accepted=accepted,
+                        accept_flags=[j < accepted for j in range(drafted)], emitted=accepted + 1,
+                        draft_s=0.001 * (i + 1), verify_s=0.01, step_s=0.012, draft_state_bytes=context * 8,
+                        draft_history_bytes=context * 8))
+                    context += accepted + 1
+                turn_records.append(TurnRecord(
+                    run_id=directory.name, method=method, task=task, sample_id=sample_id, turn=index, replay="free",
+                    context_len=t["context_len"], prompt_tokens=t["context_len"], prefill_tokens=t["context_len"],
+                    new_tokens=t["new_tokens"], num_steps=len(t["steps"]), prefill_s=0.1, draft_prefill_s=0.0,
+                    decode_s=t["decode_s"], tau=float("nan"), ar_decode_s=t["ar_decode_s"],
+                    ar_new_tokens=t["ar_new_tokens"], speedup=float("nan"), stop_reason=t["stop_reason"],
+                    skip_reason="too long" if t["stop_reason"] == "skipped" else "", dropped_tokens=0))
+            store.write_trajectory(method, sample_id, step_records, turn_records)
+    store.write_config({**BASE_CONFIG, "task": task, "methods": list(methods), "run_id": directory.name,
+                        "sample_ids": sorted({s for samples in methods.values() for s in samples}), **config})
+    return directory
+
+
+# alpha on gsm8k: steps (drafted, accepted); the (2, 1) step drafted only 2 of k=3 tokens.
+ALPHA_GSM8K = {
+    "s1": [turn([(3, 3), (3, 0), (2, 1)], decode_s=1.0, new_tokens=10, ar_decode_s=2.0, ar_new_tokens=10),
+           turn([(3, 2)], decode_s=1.0, new_tokens=5, ar_decode_s=1.0, ar_new_tokens=5)],
+    "s2": [turn([(3, 1), (0, 0)], decode_s=1.5, new_tokens=10, ar_decode_s=3.0, ar_new_tokens=10),
+           skipped_turn()],
+}
+
+
+@pytest.fixture
+def general_run(tmp_path):
+    return write_run(tmp_path / "general", "gsm8k", {
+        "alpha": ALPHA_GSM8K,
+        "beta": {"s1": [turn([(3, 0), (3, 0)])], "s2": [turn([(3, 0)])]},
+        "ar": {"s1": [turn([(0, 0)] * 3, decode_s=2.0)], "s2": [turn([(0, 0)] * 3, decode_s=3.0)]},
+    })
+
+
+@pytest.fixture
+def chat_run(tmp_path):
+    return write_run(tmp_path / "chat", "mt-bench", {
+        "alpha": {"s1": [turn([(3, 1), (3, 0)])]},
+        "beta": {"s1": [turn([(3, 2)])]},
+    }, max_new_tokens=128)  # max_new_tokens may differ between tasks
+
+
+# ---- exact values ----------------------------------------------------------------------------------------------
+def test_tau_macro_speedup_and_skipped_are_exact(general_run):
+    results = load_results([general_run])
+    summary = stats.summarize(results.steps, results.turns, seed=0, n_resamples=200).set_index(["method", "task"])
+    alpha = summary.loc[("alpha", "gsm8k")]
+    # accepted + 1 per step: 4, 1, 2 | 3 | 2, 1  →  13 / 6 token-weighted
+    assert alpha.tau == pytest.approx(13 / 6)
+    # per turn: 7/3, 3, 3/2 → unweighted mean
+    assert alpha.tau_turn_macro == pytest.approx(float((Fraction(7, 3) + 3 + Fraction(3, 2)) / 3))
+    # pooled: AR (2 + 1 + 3) s / 25 tokens over method (1 + 1 + 1.5) s / 25 tokens; the skipped turn is left out
+    assert alpha.speedup == pytest.approx((6.0 / 25) / (3.5 / 25))
+    assert (alpha.turns, alpha.skipped, alpha.trajectories, alpha.steps) == (3, 1, 2, 6)
+    assert alpha.tau_ci_low <= alpha.tau <= alpha.tau_ci_high
+    assert alpha.speedup_ci_low <= alpha.speedup <= alpha.speedup_ci_high
+
+
+def test_per_position_conditional_and_marginal_with_short_drafts(general_run):
+    steps = load_results([general_run]).steps
+    table = stats.per_position(steps[steps.method == "alpha"]).set_index("position")
+    # steps: (3,3) (3,0) (2,1) (3,2) (3,1) (0,0)
+    assert list(table.drafted) == [5, 5, 4]  # the (2,1) step is not in position 3's denominators
+    assert list(table.reached) == [5, 4, 2]
+    assert list(table.accepted) == [4, 2, 1]
+    assert list(table.conditional) == pytest.approx([4 / 5, 2 / 4, 1 / 2])
+    assert list(table.marginal) == pytest.approx([4 / 5, 2 / 5, 1 / 4])
+
+
+def test_marginal_rates_sum_to_tau_minus_one_for_fixed_draft_length():
+    steps = pd.DataFrame({"num_drafted": [4, 4, 4, 4], "num_accepted": [0, 4, 2, 1]})
+    table = stats.per_position(steps)
+    assert table.marginal.sum() == pytest.approx(stats.tau(steps) - 1)
+
+
+def test_table1_bolds_the_best_of_each_column_and_computes_the_mean(general_run, chat_run):
+    results = load_results([general_run, chat_run])
+    summary = stats.summarize(results.steps, results.turns, seed=0, n_resamples=200)
+    table = tau_table(summary, results.methods, results.tasks)
+    assert table.header == ["Method", "gsm8k", "mt-bench", "Mean"]
+    rows = {row[0].value: row for row in table.rows}
+    assert set(rows) == {"alpha", "beta"}  # the ar baseline is omitted
+    alpha, beta = rows["alpha"], rows["beta"]
+    assert alpha[1].value == pytest.approx(13 / 6) and beta[1].value == pytest.approx(1.0)
+    assert alpha[2].value == pytest.approx(1.5) and beta[2].value == pytest.approx(3.0)
+    assert alpha[3].value == pytest.approx((13 / 6 + 1.5) / 2) and beta[3].value == pytest.approx(2.0)
+    assert [c.bold for c in alpha[1:]] == [True, False, False]
+    assert [c.bold for c in beta[1:]] == [False, True, True]
+    markdown = to_markdown(table)
+    assert f"**{13 / 6:.2f} ± " in markdown and "| beta | 1.00 ± 0.00 |" in markdown
+    assert "bonus included" in markdown and "bootstrap" in markdown and "1 turn(s) skipped" in markdown
+    latex = to_latex(table)
+    assert "\\toprule" in latex and "\\bottomrule" in latex and f"\\textbf{{{13 / 6:.2f} $\\pm$" in latex
+
+
+def test_ties_are_all_bold_at_printed_precision():
+    rows = [[Cell("a"), Cell(2.004)], [Cell("b"), Cell(1.996)], [Cell("c"), Cell(1.5)]]
+    mark_best(rows, [1])
+    assert [r[1].bold for r in rows] == [True, True, False]
+
+
+def test_long_agentic_table_has_tau_and_speedup_side_by_side(tmp_path):
+    run = write_run(tmp_path / "swe", "swebench", {"alpha": ALPHA_GSM8K})
+    results = load_results([run])
+    summary = stats.summarize(results.steps, results.turns, seed=0, n_resamples=200)
+    table = long_agentic_table(summary, results.methods, results.tasks)
+    assert table.groups == [("", 1), ("swebench", 2)] and table.header == ["Method", "τ", "speedup"]
+    assert table.rows[0][1].value == pytest.approx(13 / 6)
+    assert table.rows[0][2].value == pytest.approx(12 / 7)
+    assert tau_table(summary, results.methods, results.tasks) is None  # no general task here
+    assert "\\multicolumn{2}{c}{swebench}" in to_latex(table)
+
+
+# ---- bootstrap -------------------------------------------------------------------------------------------------
+def synthetic_steps(n_trajectories: int) -> pd.DataFrame:
+    """Trajectories of four kinds (accepting 0, 1, 2 or 3 drafts per step), repeated."""
+    rows = []
+    for i in range(n_trajectories):
+        for step in range(10):
+            rows.append({"run": "r", "sample_id": f"s{i}", "num_drafted": 3, "num_accepted": i % 4})
+    return pd.DataFrame(rows)
+
+
+def test_bootstrap_is_deterministic_with_a_seed_and_narrows_with_more_trajectories():
+    many, few = synthetic_steps(40), synthetic_steps(4)
+    units_many = list(dict.fromkeys(stats.trajectory_keys(many)))
+    units_few = list(dict.fromkeys(stats.trajectory_keys(few)))
+    first = stats.tau_ci(many, units_many, seed=7, n_resamples=500)
+    assert stats.tau_ci(many, units_many, seed=7, n_resamples=500) == first
+    assert stats.tau_ci(many, units_many, seed=8, n_resamples=500) != first
+    width_many = first[1] - first[0]
+    low, high = stats.tau_ci(few, units_few, seed=7, n_resamples=500)
+    assert high - low > 2 * width_many
+    assert low <= stats.tau(few) <= high
+
+
+def test_bootstrap_resamples_trajectories_not_steps():
+    # one trajectory whose steps vary a lot: resampling whole trajectories leaves nothing to vary
+    steps = pd.DataFrame({"run": "r", "sample_id": "only", "num_drafted": 3, "num_accepted": [0, 3, 0, 3, 1, 2]})
+    low, high = stats.tau_ci(steps, ["r\0only"], seed=0, n_resamples=300)
+    assert low == high == pytest.approx(stats.tau(steps))
+
+
+def test_report_cis_are_reproducible(general_run, tmp_path):
+    a = write_report([general_run], tmp_path / "a", {"csv"}, seed=3, n_resamples=300)
+    b = write_report([general_run], tmp_path / "b", {"csv"}, seed=3, n_resamples=300)
+    name = "tables/all_results.csv"
+    pd.testing.assert_frame_equal(pd.read_csv(a.out / name), pd.read_csv(b.out / name))
+
+
+# ---- merging ---------------------------------------------------------------------------------------------------
+def test_mixed_temperature_is_refused_naming_the_field(general_run, tmp_path):
+    hot = write_run(tmp_path / "hot", "mt-bench", {"alpha": {"s1": [turn([(3, 1)])]}}, temperature=1.0)
+    with pytest.raises(UserError, match="temperature differs.*--allow-mixed"):
+        load_results([general_run, hot])
+    results = load_results([general_run, hot], allow_mixed=True)
+    assert any(line.startswith("temperature differs") for line in results.mixed)
+    assert set(results.tasks) == {"gsm8k", "mt-bench"}
+
+
+@pytest.mark.parametrize("field, value", [("target_sha256", "u" * 64), ("chat_template_sha256", "d" * 16),
+                                          ("enable_thinking", True)])
+def test_other_drift_fields_are_refused(general_run, tmp_path, field, value):
+    other = write_run(tmp_path / "other", "mt-bench", {"alpha": {"s1": [turn([(3, 1)])]}}, **{field: value})
+    with pytest.raises(UserError, match=f"{field} differs"):
+        load_results([general_run, other])
+
+
+def test_same_task_needs_the_same_protocol_but_different_tasks_need_not(general_run, chat_run, tmp_path):
+    load_results([general_run, chat_run])  # max_new_tokens 64 vs 128 on different tasks: fine
+    longer = write_run(tmp_path / "longer", "gsm8k", {"gamma": {"s1": [turn([(3, 1)])]}}, max_new_tokens=128)
+    with pytest.raises(UserError, match="max_new_tokens differs among the gsm8k runs"):
+        load_results([general_run, longer])
+
+
+def test_cli_refuses_mixed_runs_with_exit_code_2(general_run, tmp_path):
+    hot = write_run(tmp_path / "hot", "gsm8k", {"gamma": {"s1": [turn([(3, 1)])]}}, temperature=0.7)
+    result = CliRunner().invoke(app, ["report", str(general_run), str(hot), "--out", str(tmp_path / "rep")])
+    assert result.exit_code == 2 and "temperature differs" in result.output
+    result = CliRunner().invoke(app, ["report", str(general_run), str(hot), "--out", str(tmp_path / "rep"),
+                                      "--allow-mixed", "--format", "md", "--resamples", "200"])
+    assert result.exit_code == 0, result.output
+    assert "MIXED CONFIGURATIONS" in (tmp_path / "rep" / "report.md").read_text()
+
+
+def test_a_trajectory_in_two_runs_is_counted_once(general_run, tmp_path):
+    again = write_run(tmp_path / "again", "gsm8k", {"ar": {"s1": [turn([(0, 0)] * 3)]}, "delta": {"s1": [turn([])]}})
+    results = load_results([general_run, again])
+    ar = results.turns[results.turns.method == "ar"]
+    assert len(ar) == 2 and set(ar.run) == {"general"}
+    assert any("ar on gsm8k" in note for note in results.notes)
+
+
+def test_not_a_run_directory_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="no run.json"):
+        load_results([tmp_path])
+    with pytest.raises(UserError, match="--format"):
+        parse_formats("pdf")
+    assert parse_formats("all") == {"md", "latex", "csv", "html"}
+
+
+# ---- published numbers -----------------------------------------------------------------------------------------
+def test_published_numbers_have_sources_and_known_columns():
+    published = load_published()
+    assert {"dlite_tables_2_3.csv", "dspark_table_1.csv"} <= set(published.file)
+    assert published.source.str.len().min() > 10
+    assert set(published.metric) == {"tau", "speedup"}
+    assert not published.value.isna().any()
+
+
+def test_published_rows_are_shown_only_where_method_task_and_temperature_match(tmp_path):
+    methods = {"dspark": {"s1": [turn([(3, 2), (3, 3)])]}, "ngram": {"s1": [turn([(3, 1)])]}}
+    hot = write_run(tmp_path / "hot", "gsm8k", methods, temperature=1.0)
+    results = load_results([hot])
+    summary = stats.summarize(results.steps, results.turns, seed=0, n_resamples=200)
+    published = load_published()
+    table = comparison_table(results, summary, published)
+    expected = published[(published.method == "dspark") & (published.task == "gsm8k") &
+                         (published.temperature == 1.0)]
+    assert len(table.rows) == len(expected) > 0
+    assert sorted(table.csv.their_tau) == sorted(expected.value)
+    assert set(table.csv.method) == {"dspark"}  # ngram has no published number
+    assert any(note.startswith("THE TARGETS DIFFER") and "SmolLM2" in note and "Qwen3" in note
+               for note in table.notes)
+    cold = write_run(tmp_path / "cold", "gsm8k", methods, temperature=0.0)
+    results = load_results([cold])
+    summary = stats.summarize(results.steps, results.turns, seed=0, n_resamples=200)
+    table = comparison_table(results, summary, published)
+    assert table.rows == [] and any("no published number matches" in note for note in table.notes)
+
+
+def test_longbench_subset_matches_the_published_shard(tmp_path):
+    run = write_run(tmp_path / "lb", "longbench-v2", {"dlite": {"s1": [turn([(3, 2)])]}}, subset="code_repo")
+    results = load_results([run])
+    assert results.tasks == ["longbench-v2:code_repo"]
+    summary = stats.summarize(results.steps, results.turns, seed=0, n_resamples=200)
+    table = comparison_table(results, summary, load_published(PUBLISHED_DIR))
+    assert set(table.csv.their_target) == {"Qwen3-4B", "Qwen3-8B"}
+    assert table.csv.their_speedup.notna().all() and table.csv.their_tau.isna().all()
