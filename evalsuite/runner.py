@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from jinja2 import TemplateError
 
+from evalsuite.chat_format import fit_to_template
 from evalsuite.config import DRIFT_FIELDS, RunConfig, environment
 from evalsuite.engine import TurnResult, decode_turn
 from evalsuite.errors import UserError
@@ -114,6 +116,8 @@ class Runner:
                                                        self.config.subset))
         if not self.trajectories:
             raise UserError(f"task {self.config.task}: no samples to run")
+        for trajectory in self.trajectories:
+            self._check_prompt_ids(trajectory)
         self._write_config()
 
     def describe(self) -> dict:
@@ -239,7 +243,19 @@ class Runner:
         return DeviceClock(self.target.device)
 
     def _render(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
-        return self.target.render(messages, tools, self.config.enable_thinking)
+        """Through the target's own template; tools and tool messages fall back to text where it has no support."""
+        messages, tools = fit_to_template(messages, tools, self.target.chat_template or "")
+        try:
+            return self.target.render(messages, tools, self.config.enable_thinking)
+        except TemplateError as err:
+            raise UserError(f"target {self.target.name}: its chat template cannot render this conversation "
+                            f"({err}); try --task custom with prompt_ids") from err
+
+    def _check_prompt_ids(self, trajectory: Trajectory) -> None:
+        for turn in trajectory.turns:
+            if turn.prompt_ids is not None and any(not 0 <= i < self.target.vocab_size for i in turn.prompt_ids):
+                raise UserError(f"sample {trajectory.sample_id}: prompt_ids hold ids outside the target's vocabulary "
+                                f"(0..{self.target.vocab_size - 1})")
 
     def _decode(self, drafter: Drafter, prefix: PrefixCache, ids: list[int], max_new_tokens: int,
                 generator: torch.Generator) -> TurnResult:

@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from evalsuite.errors import UserError
-from evalsuite.workloads.base import TASKS_DIR, LoadOptions, Trajectory, read_jsonl, register_task, seeded_subset, \
-    user_turn
+from evalsuite.workloads._source import HubSpec, single_turn_trajectories, task_rows, text_field
+from evalsuite.workloads.base import TASKS_DIR, LoadOptions, Trajectory, register_task
 
 PROMPT = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+HUB = HubSpec("openai/gsm8k", name="main", split="test")
 
 
 @register_task("gsm8k", "grade-school maths word problems (1,319 test questions), one turn",
                licence="MIT", source="openai/grade-school-math test.jsonl; HF openai/gsm8k main/test")
 def load(options: LoadOptions) -> list[Trajectory]:
-    path = Path(options.data_path) if options.data_path else TASKS_DIR / "gsm8k" / "test.jsonl"
-    records = []
-    for lineno, record in read_jsonl(path):
-        question = record.get("question")
-        if not isinstance(question, str) or not question.strip():
-            raise UserError(f"{path}:{lineno}: record has no non-empty 'question'")
-        records.append((f"gsm8k-{lineno - 1}", question))
-    return [Trajectory(sample_id, [user_turn(PROMPT.format(question=q))])
-            for sample_id, q in seeded_subset(records, options.limit, options.seed)]
+    rows = task_rows("gsm8k", options, TASKS_DIR / "gsm8k" / "test.jsonl", HUB)
+    items = [(f"gsm8k-{index}", PROMPT.format(question=text_field(row, "question", where)))
+             for index, (where, row) in enumerate(rows)]
+    return single_turn_trajectories(items, options)

@@ -1,0 +1,48 @@
+"""LiveCodeBench code generation (release_v6, 1,055 problems): single turn in the official LCB prompt format.
+
+The bundled file is DeepSpec's prompt set, already formatted; raw HF rows (`question_content`, `starter_code`)
+are formatted here with the same template, which DFlash and DLite use (methods.md §3.4).
+"""
+
+from __future__ import annotations
+
+from evalsuite.errors import UserError
+from evalsuite.workloads._source import HubSpec, single_turn_trajectories, task_rows, text_field
+from evalsuite.workloads.base import TASKS_DIR, LoadOptions, Trajectory, register_task
+
+SYSTEM_TEXT = ("You are an expert Python programmer. You will be given a question (problem specification) and will "
+               "generate a correct Python program that matches the specification and passes all tests. You will NOT "
+               "return anything except for the program")
+WITH_STARTER = "### Format: Use the following code structure:"
+WITHOUT_STARTER = "### Format: Write your code in the following format:"
+ANSWER = "### Answer: (use the provided format with backticks)"
+_BASE = "https://huggingface.co/datasets/livecodebench/code_generation_lite/resolve/main/"
+HUB = HubSpec("json", split="test", data_files={"test": [_BASE + f for f in (
+    "test.jsonl", "test2.jsonl", "test3.jsonl", "test4.jsonl", "test5.jsonl", "test6.jsonl")]},
+              label="livecodebench/code_generation_lite")
+
+
+def format_prompt(question: str, starter_code: str | None) -> str:
+    if starter_code:
+        fmt, code = WITH_STARTER, f"```python\n{starter_code}\n```"
+    else:
+        fmt, code = WITHOUT_STARTER, "```python\n# YOUR CODE HERE\n```"
+    return f"{SYSTEM_TEXT}\n\n### Question:\n{question}\n\n{fmt}\n{code}\n\n{ANSWER}"
+
+
+@register_task("livecodebench", "1,055 contest problems (LeetCode/AtCoder/Codeforces, release_v6), one turn",
+               licence="CC (version unstated on the HF card); problems scraped from contest sites: research use",
+               source="deepseek-ai/DeepSpec eval_datasets/livecodebench.jsonl; HF livecodebench/code_generation_lite")
+def load(options: LoadOptions) -> list[Trajectory]:
+    rows = task_rows("livecodebench", options, TASKS_DIR / "livecodebench" / "livecodebench.jsonl", HUB)
+    items = []
+    for index, (where, row) in enumerate(rows):
+        if "question_content" in row:
+            prompt = format_prompt(text_field(row, "question_content", where), row.get("starter_code"))
+        else:
+            turns = row.get("turns")
+            if not isinstance(turns, list) or len(turns) != 1 or not isinstance(turns[0], str) or not turns[0].strip():
+                raise UserError(f"{where}: record needs 'question_content' (raw LCB row) or 'turns' [prompt]")
+            prompt = turns[0]
+        items.append((f"livecodebench-{row.get('question_id') or index}", prompt))
+    return single_turn_trajectories(items, options)

@@ -1,0 +1,70 @@
+"""LongBench v2: one long turn, `{context}\\n\\nQuestion: {question}` as DLite's benchmark sends it (methods.md §1.3).
+
+`--subset` picks a domain by the names of DLite's five shards (single_document_qa, multi_document_qa,
+long_dialogue, in_context_learning, code_repo) or structured_data (the sixth domain, not in DLite's runs).
+DLite's shards also keep only contexts of 32k-64k target tokens; no token filter is applied here.
+
+Bundled: 17 real items with full contexts (`tasks/longbench_v2`, index.jsonl + items/). `--data-path` takes the
+official `data.json` (a JSON array with `context`) or a JSON Lines export; `hub` loads THUDM/LongBench-v2 train.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evalsuite.errors import UserError
+from evalsuite.workloads._source import HubSpec, hub_rows, local_path, read_records, single_turn_trajectories, \
+    text_field, wants_hub, HUB as HUB_WORD
+from evalsuite.workloads.base import TASKS_DIR, LoadOptions, Trajectory, register_task
+
+PROMPT = "{context}\n\nQuestion: {question}"
+HUB = HubSpec("THUDM/LongBench-v2", split="train")
+BUNDLED = TASKS_DIR / "longbench_v2"
+SUBSETS = {
+    "single_document_qa": "Single-Document QA",
+    "multi_document_qa": "Multi-Document QA",
+    "long_dialogue": "Long-dialogue History Understanding",
+    "in_context_learning": "Long In-context Learning",
+    "code_repo": "Code Repository Understanding",
+    "structured_data": "Long Structured Data Understanding",
+}
+
+
+def _bundled_rows() -> list[tuple[str, dict]]:
+    """The index lists all 503 items; only those whose context file is bundled can run."""
+    rows = []
+    for where, row in read_records(BUNDLED / "index.jsonl"):
+        if not row.get("context_shipped"):
+            continue
+        context_path = BUNDLED / "items" / text_field(row, "context_file", where)
+        try:
+            context = context_path.read_bytes().decode("utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise UserError(f"{where}: cannot read its context {context_path} ({err})") from err
+        rows.append((where, {**row, "context": context}))
+    return rows
+
+
+@register_task("longbench-v2", "long-context multiple-choice QA (17 bundled items of 503); one long turn; "
+               "--subset for DLite's domain shards", licence="Apache-2.0 (data); MIT (markdown copy)",
+               source="itsnamgyu/longbench2_md (THUDM LongBench-v2 data.json); HF THUDM/LongBench-v2 train")
+def load(options: LoadOptions) -> list[Trajectory]:
+    if options.subset is not None and options.subset not in SUBSETS:
+        raise UserError(f"--subset {options.subset}: longbench-v2 has subsets {', '.join(SUBSETS)}")
+    if wants_hub(options.data_path):
+        rows = hub_rows("longbench-v2", HUB if options.data_path == HUB_WORD else HubSpec(options.data_path,
+                                                                                          split=HUB.split))
+    elif options.data_path:
+        rows = read_records(local_path(options.data_path))
+    else:
+        rows = _bundled_rows()
+    domain = SUBSETS.get(options.subset) if options.subset else None
+    items = []
+    for index, (where, row) in enumerate(rows):
+        if domain and row.get("domain") != domain:
+            continue
+        prompt = PROMPT.format(context=text_field(row, "context", where), question=text_field(row, "question", where))
+        items.append((f"longbench-v2-{row.get('_id') or index}", prompt))
+    if not items:
+        raise UserError(f"longbench-v2: no items for --subset {options.subset}")
+    return single_turn_trajectories(items, options, meta={"subset": options.subset or "all"})
