@@ -16,7 +16,7 @@ from evalsuite.report import stats
 from evalsuite.report.load import Results
 from evalsuite.runner import BASELINE
 
-STYLE = {"font.size": 10, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
+STYLE = {"font.size": 10, "axes.axisbelow": True, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
          "grid.color": "#e5e5e5", "svg.hashsalt": "evalsuite-report", "svg.fonttype": "none"}
 
 
@@ -138,7 +138,7 @@ def _tau_vs_turn(steps, methods, tasks, palette, seed, n_resamples) -> Figure | 
         turns = sorted(steps[steps.task == task].turn.unique() + 1)
         ax.set_title(task)
         ax.set_xlabel("turn")
-        ax.set_ylabel("τ")
+        ax.set_ylabel("τ", rotation=0, labelpad=10)
         ax.set_xticks(turns if len(turns) <= 12 else turns[:: -(-len(turns) // 12)])
         ax.set_xlim(min(turns) - 0.5, max(turns) + 0.5)
     _legend(figure, axes)
@@ -158,7 +158,7 @@ def _tau_vs_context(steps, methods, palette, seed, n_resamples) -> Figure | None
         _line_with_band(ax, centers[curve.key.to_numpy()], curve, palette(method), method)
     _context_axis(ax, centers)
     ax.set_xlabel("context length (tokens, log-spaced bins)")
-    ax.set_ylabel("τ")
+    ax.set_ylabel("τ", rotation=0, labelpad=10)
     _legend(figure, [ax])
     return figure
 

@@ -16,6 +16,9 @@ from evalsuite.report.tables import Cell, Table, half_width
 PUBLISHED_DIR = Path(__file__).resolve().parents[2] / "baselines" / "published"
 REQUIRED = ("paper", "table", "target", "method", "task", "subset", "temperature", "metric", "value", "source")
 METRICS = ("tau", "speedup")
+COMPARISON_COLUMNS = ["method", "task", "temperature", "our_target", "our_tau", "our_tau_ci_low", "our_tau_ci_high",
+                      "our_speedup", "our_speedup_ci_low", "our_speedup_ci_high", "their_target", "their_tau",
+                      "their_speedup", "paper", "table", "source", "notes", "target_differs"]
 
 
 def load_published(directory: Path = PUBLISHED_DIR) -> pd.DataFrame:
@@ -98,4 +101,4 @@ def comparison_table(results: Results, summary: pd.DataFrame, published: pd.Data
               "the sources and caveats of every published row are in baselines/published/ and this table's CSV"]
     header = ["Method", "Task", "T", "our τ", "our speedup", "their target", "their τ", "their speedup", "source"]
     return Table("published_comparison", "Ours beside published numbers", header, rows, notes,
-                 pd.DataFrame(records))
+                 pd.DataFrame(records, columns=COMPARISON_COLUMNS))
