@@ -15,7 +15,8 @@ from evalsuite.engine import decode_turn
 from evalsuite.errors import UserError
 from evalsuite.methods.ar import AutoregressiveBaseline
 from evalsuite.methods.base import Sampling
-from evalsuite.methods.eagle3 import DEEPSPEC, SPECFORGE, DraftKVCache, Eagle3Drafter, build, spread_layer_ids
+from evalsuite.methods.draft_layers import evenly_spaced_zlab
+from evalsuite.methods.eagle3 import DEEPSPEC, SPECFORGE, DraftKVCache, Eagle3Drafter, build
 from evalsuite.runner import PrefixCache
 from evalsuite.target import TargetModel
 from evalsuite.testing import build_tiny_target
@@ -342,9 +343,9 @@ def test_random_init_default_follows_the_target(targets):
     drafter = build(target, {})
     info = drafter.describe()
     assert info["weights"] == "random-init" and info["format"] == DEEPSPEC
-    assert drafter.feature_layers == spread_layer_ids(LAYERS, 5) == (1, 2, 3, 4, 5)
+    assert drafter.feature_layers == (1, 2, 3, 4, 5)
     assert info["hidden_size"] == target.hidden_size and info["intermediate_size"] == target.config.intermediate_size
-    assert spread_layer_ids(36, 5) == (1, 9, 17, 25, 33) and spread_layer_ids(40, 5) == (1, 10, 19, 28, 37)
+    assert evenly_spaced_zlab(36, 5) == [1, 9, 17, 25, 33] and evenly_spaced_zlab(40, 5) == [1, 10, 19, 28, 37]
     small = build(target, {"format": "specforge", "draft_vocab_size": 100})
     assert small.feature_layers == (1, 3, 4) and small.model.lm_head.weight.shape == (100, HIDDEN)
     again = build(target, {})

@@ -36,19 +36,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaConfig, PretrainedConfig
-from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Drafter, DraftState, Proposal, Sampling, register, tensor_bytes
 from evalsuite.methods.checkpoints import check_fit, drafter_source, load_checkpoint, load_weights
+from evalsuite.methods.draft_layers import (RMSNorm, SwiGLU, choose_token, evenly_spaced_zlab, init_random_,
+                                            materialize, qwen3_config, rotate)
 
 METHOD = "eagle3"
 SPECFORGE = "LlamaForCausalLMEagle3"
 DEEPSPEC = "Qwen3Eagle3Model"
 FORMATS = {"specforge": SPECFORGE, "deepspec": DEEPSPEC}
 DEEPSPEC_NUM_FEATURE_LAYERS = 5  # deepspec/modeling/eagle3/common.py asserts exactly 5
-INIT_STD = 0.02  # `initializer_range` of both reference configs, used for random-init drafters
 
 
 # ---- configuration --------------------------------------------------------------------------------------------
@@ -56,13 +56,6 @@ def specforge_layer_ids(num_target_layers: int) -> tuple[int, ...]:
     """SpecForge's default capture layers (`algorithms/model_providers.py`); the same tensors as the official
     EAGLE's inputs of decoder layers 2, L//2 and L-3."""
     return (1, num_target_layers // 2 - 1, num_target_layers - 4)
-
-
-def spread_layer_ids(num_target_layers: int, count: int) -> tuple[int, ...]:
-    """The DFlash/DeepSpec spread: `count` ids from 1 to L-3, evenly spaced with Python rounding
-    (gives DeepSpec's [1, 9, 17, 25, 33] for a 36-layer target)."""
-    start, end = 1, num_target_layers - 3
-    return tuple(int(round(start + i * (end - start) / (count - 1))) for i in range(count))
 
 
 @dataclass(frozen=True)
@@ -104,6 +97,18 @@ def _strictly_increasing(ids) -> bool:
     return all(a < b for a, b in zip(ids, ids[1:]))
 
 
+def _layer_config(config: dict, architecture: str, who: str) -> PretrainedConfig:
+    """The layer config as the references read config.json: SpecForge/EAGLE as a `LlamaConfig`, DeepSpec as a
+    `Qwen3Config` (so absent keys take those classes' defaults, e.g. Qwen3's head_dim 128)."""
+    if architecture == DEEPSPEC:
+        return qwen3_config(config, who)
+    fields = {k: v for k, v in config.items() if k not in ("architectures", "auto_map", "torch_dtype", "dtype")}
+    try:
+        return LlamaConfig.from_dict(fields)
+    except (TypeError, ValueError, KeyError) as err:
+        raise UserError(f"{who}: config.json is not a valid Llama layer config ({err}); re-download the checkpoint")
+
+
 def spec_from_config(config: dict, num_target_layers: int, who: str) -> Eagle3Spec:
     """Read a released config.json. SpecForge's layer ids default to the target's depth; DeepSpec's are stored."""
     architectures = [str(a) for a in config.get("architectures") or []]
@@ -111,38 +116,33 @@ def spec_from_config(config: dict, num_target_layers: int, who: str) -> Eagle3Sp
     if architecture is None:
         raise UserError(f"{who}: architectures={architectures} is neither {SPECFORGE} nor {DEEPSPEC}; "
                         "pass an EAGLE-3 checkpoint")
-    try:
-        hidden = int(config["hidden_size"])
-        heads = int(config["num_attention_heads"])
-        layers = int(config.get("num_hidden_layers", 1))
-        if architecture == DEEPSPEC:
-            layers = int(config.get("draft_num_hidden_layers", layers))
-        if layers != 1:
-            # The DeepSpec evaluator asserts one layer (its multi-token cache extend is only exact then);
-            # SpecForge/EAGLE define a single `midlayer`.
-            raise UserError(f"{who}: {layers} draft layers; EAGLE-3 drafters have exactly one")
-        common = dict(
-            architecture=architecture,
-            hidden_size=hidden,
-            intermediate_size=int(config["intermediate_size"]),
-            num_attention_heads=heads,
-            num_key_value_heads=int(config.get("num_key_value_heads", heads)),
-            head_dim=int(config.get("head_dim") or hidden // heads),
-            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-            hidden_act=str(config.get("hidden_act", "silu")),
-            vocab_size=int(config["vocab_size"]),
-            rope_config=_rope_config(config),
-        )
-    except KeyError as err:
-        raise UserError(f"{who}: config.json lacks {err.args[0]!r}; re-download the checkpoint") from None
+    cfg = _layer_config(config, architecture, who)
+    layers = int(config.get("draft_num_hidden_layers", cfg.num_hidden_layers))
+    if layers != 1:
+        # The DeepSpec evaluator asserts one layer (its multi-token cache extend is only exact then);
+        # SpecForge/EAGLE define a single `midlayer`.
+        raise UserError(f"{who}: {layers} draft layers; EAGLE-3 drafters have exactly one")
+    common = dict(
+        architecture=architecture,
+        hidden_size=int(cfg.hidden_size),
+        intermediate_size=int(cfg.intermediate_size),
+        num_attention_heads=int(cfg.num_attention_heads),
+        num_key_value_heads=int(cfg.num_key_value_heads),
+        # SpecForge: config.head_dim when set, else H // heads (EAGLE's cnets.py always uses H // heads)
+        head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads),
+        rms_norm_eps=float(cfg.rms_norm_eps),
+        hidden_act=str(cfg.hidden_act),
+        vocab_size=int(cfg.vocab_size),
+        rope_config=cfg,
+    )
     if architecture == SPECFORGE:
         eagle_config = config.get("eagle_config") or {}
         ids = eagle_config.get("eagle_aux_hidden_state_layer_ids") or specforge_layer_ids(num_target_layers)
         spec = Eagle3Spec(
             **common,
-            target_hidden_size=int(config.get("target_hidden_size", hidden)),
+            target_hidden_size=int(config.get("target_hidden_size", cfg.hidden_size)),
             attention_bias=False,  # SpecForge/EAGLE build q/k/v/o without bias whatever the config says
-            draft_vocab_size=int(config.get("draft_vocab_size", common["vocab_size"])),
+            draft_vocab_size=int(config.get("draft_vocab_size", cfg.vocab_size)),
             layer_ids=tuple(int(j) for j in ids),
             fc_norm=bool(config.get("fc_norm", False)),
             norm_output=bool(config.get("norm_output", True)),
@@ -153,9 +153,9 @@ def spec_from_config(config: dict, num_target_layers: int, who: str) -> Eagle3Sp
             raise UserError(f"{who}: {DEEPSPEC} config.json lacks 'target_layer_ids'; re-download the checkpoint")
         spec = Eagle3Spec(
             **common,
-            target_hidden_size=hidden,
-            attention_bias=bool(config.get("attention_bias", False)),
-            draft_vocab_size=common["vocab_size"],
+            target_hidden_size=int(cfg.hidden_size),
+            attention_bias=bool(cfg.attention_bias),
+            draft_vocab_size=int(cfg.vocab_size),
             layer_ids=tuple(int(j) for j in config["target_layer_ids"]),
             num_target_layers=int(config["num_target_layers"]) if "num_target_layers" in config else None,
         )
@@ -167,75 +167,30 @@ def spec_from_config(config: dict, num_target_layers: int, who: str) -> Eagle3Sp
     return spec
 
 
-_ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor", "head_dim", "hidden_size",
-              "num_attention_heads", "max_position_embeddings")
-
-
-def _rope_config(config: dict) -> PretrainedConfig:
-    """A transformers config holding only the checkpoint's rope settings (theta, scaling type), so that the
-    rotary tables follow transformers' rules, as DeepSpec's Qwen3RotaryEmbedding does; the Llama and Qwen3
-    rotary embeddings are the same code."""
-    return LlamaConfig.from_dict({k: config[k] for k in _ROPE_KEYS if k in config})
-
-
 def spec_for_target(target, fmt: str, draft_vocab_size: int | None = None) -> Eagle3Spec:
-    """The default-size drafter of a target: DeepSpec builds its config as a copy of the target's with one
-    layer (`eagle3/qwen3/config.py`); the SpecForge configs likewise mirror the target's widths."""
-    cfg = target.config
+    """The default-size drafter of a target, configured the way DeepSpec's `build_draft_config` does it (a copy
+    of the target's config with one layer); the SpecForge configs likewise mirror the target's widths."""
     if fmt not in FORMATS:
         raise UserError(f"eagle3 format '{fmt}': choose one of {', '.join(FORMATS)}")
     architecture = FORMATS[fmt]
     L = target.num_layers
-    layer_ids = specforge_layer_ids(L) if architecture == SPECFORGE else spread_layer_ids(
-        L, DEEPSPEC_NUM_FEATURE_LAYERS)
-    config = {k: v for k, v in cfg.to_dict().items() if k not in ("architectures", "model_type", "auto_map")}
-    config.update(architectures=[architecture], num_hidden_layers=1, vocab_size=target.vocab_size,
-                  hidden_size=target.hidden_size)
+    # DeepSpec's [1, 9, 17, 25, 33] for 36 layers is the z-lab spread (1 .. L-3, rounded); scaled to this depth
+    layer_ids = specforge_layer_ids(L) if architecture == SPECFORGE else tuple(evenly_spaced_zlab(
+        L, DEEPSPEC_NUM_FEATURE_LAYERS))
+    config = {k: v for k, v in target.config.to_dict().items() if k not in ("model_type", "auto_map")}
+    config.update(architectures=[architecture], num_hidden_layers=1, layer_types=["full_attention"],
+                  vocab_size=target.vocab_size, hidden_size=target.hidden_size, tie_word_embeddings=False)
     if architecture == SPECFORGE:
         config["draft_vocab_size"] = int(draft_vocab_size or target.vocab_size)
         if not 0 < config["draft_vocab_size"] <= target.vocab_size:
             raise UserError(f"eagle3 draft_vocab_size {draft_vocab_size}: must be in 1..{target.vocab_size}")
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}
     else:
-        config.update(target_layer_ids=list(layer_ids), num_target_layers=L)
+        config.update(target_layer_ids=list(layer_ids), num_target_layers=L, draft_num_hidden_layers=1)
     return spec_from_config(config, L, "eagle3 (random-init)")
 
 
 # ---- modules --------------------------------------------------------------------------------------------------
-class RMSNorm(nn.Module):
-    """Llama/Qwen3 RMSNorm: normalise in fp32, cast back, then scale."""
-
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
-
-
-class GatedMLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, act: str):
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
-        self.act = ACT2FN[act]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding (half-split convention); x [q, heads, d], cos/sin [q, d]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
-
-
 class DraftKVCache:
     """Keys and values of the one draft layer, [kv_heads, length, head_dim], in a buffer that grows by doubling."""
 
@@ -298,8 +253,8 @@ class Eagle3Attention(nn.Module):
         query = self.q_proj(x[q_len - queries:]).view(queries, self.heads, self.head_dim)
         if self.q_norm is not None:
             query, keys = self.q_norm(query), self.k_norm(keys)
-        keys = _rotate(keys, cos, sin)
-        query = _rotate(query, cos[q_len - queries:], sin[q_len - queries:])
+        keys = rotate(keys, cos, sin)
+        query = rotate(query, cos[q_len - queries:], sin[q_len - queries:])
         all_keys, all_values = cache.append(keys, values)
         mask = None
         if queries > 1:
@@ -318,7 +273,7 @@ class Eagle3Layer(nn.Module):
     def __init__(self, spec: Eagle3Spec):
         super().__init__()
         self.self_attn = Eagle3Attention(spec)
-        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size, spec.hidden_act)
+        self.mlp = SwiGLU(spec)  # reads hidden_size, intermediate_size, hidden_act
         self.hidden_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
@@ -359,17 +314,9 @@ class Eagle3Model(nn.Module):
 
     @classmethod
     def empty(cls, spec: Eagle3Spec, device: torch.device, dtype: torch.dtype) -> "Eagle3Model":
-        """Allocated but uninitialised on `device` (no CPU init of vocab-sized matrices): every parameter must
-        then be loaded or initialised. Norms start at one, d2t at zero."""
-        with torch.device("meta"):
-            model = cls(spec)
-        model = model.to_empty(device=device).to(dtype)
-        with torch.no_grad():
-            for module in model.modules():
-                if isinstance(module, RMSNorm):
-                    module.weight.fill_(1.0)
-            if model.d2t is not None:
-                model.d2t.zero_(), model.t2d.zero_()
+        """Allocated but uninitialised on `device` (no CPU init of vocab-sized matrices): every parameter and
+        buffer must then be loaded or initialised. The rotary tables are rebuilt in float32."""
+        model = materialize(lambda: cls(spec), device, dtype)
         model.rotary = LlamaRotaryEmbedding(spec.rope_config).to(device)
         return model
 
@@ -427,6 +374,7 @@ class Eagle3Drafter(Drafter):
         self.checkpoint_path = checkpoint_path
         self.checkpoint_hash = checkpoint_hash
         self.target_ids = model.draft_to_target()
+        self.target_id_list: list[int] = self.target_ids.tolist()  # host copy: no device sync per drafted token
         self.cache = DraftKVCache(self.spec.num_key_value_heads, self.spec.head_dim, self.dtype, self.device)
         self.hidden: torch.Tensor | None = None  # un-normed output of the newest cache entry [1, H]
         self.length_before_proposal = 0
@@ -463,31 +411,26 @@ class Eagle3Drafter(Drafter):
     @torch.inference_mode()
     def propose(self, k: int, sampling: Sampling, generator: torch.Generator | None) -> Proposal:
         self.length_before_proposal = self.cache.length
-        tokens: list[torch.Tensor] = []
+        tokens: list[int] = []
         probs: list[torch.Tensor] = []
         hidden = self.hidden
         position = self.cache.length  # the anchor's position: entry (anchor feature, first draft) goes here
         for step in range(k if hidden is not None else 0):
-            logits = self.model.logits(hidden)[0]
-            if sampling.greedy:
-                draft_id = logits.argmax().view(1)
-            else:
-                # DeepSpec `sample_tokens`: softmax(logits / T), nothing else; its probs are what we report
-                p = torch.softmax(logits / sampling.temperature, dim=-1)
-                draft_id = torch.multinomial(p.cpu(), 1, generator=generator).to(self.device)
-                probs.append(torch.zeros(self.vocab_size, device=self.device).index_copy_(0, self.target_ids, p))
-            token = self.target_ids[draft_id]
+            # DeepSpec `sample_tokens`: argmax, or a draw from softmax(logits / T) and nothing else
+            draft_id, p = choose_token(self.model.logits(hidden)[0], sampling.temperature, generator)
+            token = self.target_id_list[draft_id]
             tokens.append(token)
-            if step == k - 1 or int(token) in self.stop_ids:
+            if p is not None:  # the distribution drawn from, moved to the target ids the draft ids stand for
+                probs.append(torch.zeros(self.vocab_size, device=self.device).index_copy_(0, self.target_ids, p))
+            if step == k - 1 or token in self.stop_ids:
                 break  # the reference would run one more forward whose output it never reads
-            hidden = self.model(hidden, token, torch.tensor([position], device=self.device), self.cache)
+            hidden = self.model(hidden, torch.tensor([token], device=self.device),
+                                torch.tensor([position], device=self.device), self.cache)
             position += 1
-        drafted = len(tokens)
         self.working_bytes = (tensor_bytes(self.hidden) + (position - self.length_before_proposal) *
-                              self.cache.entry_bytes() + drafted * self.vocab_size * 4 * (not sampling.greedy))
-        if not tokens:
-            return Proposal(tokens=torch.empty(0, dtype=torch.long, device=self.device))
-        return Proposal(tokens=torch.cat(tokens), probs=torch.stack(probs) if probs else None)
+                              self.cache.entry_bytes() + len(probs) * self.vocab_size * 4)
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        return Proposal(tokens=ids, probs=torch.stack(probs) if probs else None)
 
     def state_bytes(self) -> DraftState:
         # history: the draft KV of every context entry; working: the carried hidden, the proposal's transient
@@ -503,18 +446,6 @@ class Eagle3Drafter(Drafter):
 
 
 # ---- building -------------------------------------------------------------------------------------------------
-def _random_init(model: Eagle3Model, seed: int, skip: tuple[nn.Module, ...]) -> None:
-    """N(0, INIT_STD) for every linear weight (zero bias) except the modules in `skip`, drawn on the CPU so
-    that a seed gives the same drafter on every device."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, nn.Linear) and not any(module is m for m in skip):
-                module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * INIT_STD)
-                if module.bias is not None:
-                    module.bias.zero_()
-
-
 def load_drafter(target, source: str) -> Eagle3Drafter:
     checkpoint = load_checkpoint(source, METHOD)
     who = f"eagle3 drafter {source}"
@@ -562,12 +493,13 @@ def random_drafter(target, fmt: str = "deepspec", seed: int = 0, draft_vocab_siz
     check_fit(target, "eagle3 (random-init)", layer_ids=spec.layer_ids)
     _check_not_final_layer(target, spec, "eagle3 (random-init)")
     model = Eagle3Model.empty(spec, target.device, target.dtype)
+    init_random_(model, seed)  # before sharing: it writes every linear and embedding weight
     model.share_embedding(target.embed_tokens)
     if not spec.reduced_vocab:
         model.share_lm_head(target.lm_head)
-    _random_init(model, seed, skip=() if spec.reduced_vocab else (model.lm_head,))
-    if spec.reduced_vocab:  # the first draft_vocab_size target ids: d2t[i] = 0
-        model.t2d[: spec.draft_vocab_size] = True
+    else:  # the first draft_vocab_size target ids: d2t = 0
+        model.d2t.zero_()
+        model.t2d.copy_(torch.arange(spec.vocab_size, device=target.device) < spec.draft_vocab_size)
     return Eagle3Drafter(model, target, "random-init", "target")
 
 
