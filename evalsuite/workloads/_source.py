@@ -23,7 +23,7 @@ from typing import Any, Iterable
 from urllib.parse import urlparse
 
 from evalsuite.errors import UserError
-from evalsuite.workloads.base import LoadOptions, Trajectory, seeded_subset, user_turn
+from evalsuite.workloads.base import LoadOptions, Trajectory, iter_jsonl_bytes, seeded_subset, user_turn
 
 HUB = "hub"  # `--data-path hub`: the task's reference Hugging Face id
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -121,19 +121,7 @@ def _records_from_bytes(path: Path, raw: bytes) -> list[Record]:
     if raw.lstrip()[:1] == b"[":
         data = _json_document(path, raw)
         return [(f"{path}[{i}]", _require_object(row, f"{path}[{i}]")) for i, row in enumerate(data)]
-    return [(f"{path}:{lineno}", _require_object(row, f"{path}:{lineno}")) for lineno, row in _iter_lines(path, raw)]
-
-
-def _iter_lines(path: Path, raw: bytes):
-    for lineno, line in enumerate(raw.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            yield lineno, json.loads(line.decode("utf-8"))
-        except UnicodeDecodeError as err:
-            raise UserError(f"{path}:{lineno}: not valid UTF-8 ({err.reason})") from err
-        except json.JSONDecodeError as err:
-            raise UserError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
+    return [(f"{path}:{lineno}", _require_object(row, f"{path}:{lineno}")) for lineno, row in iter_jsonl_bytes(path, raw)]
 
 
 def read_json_document(path: Path) -> Any:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from evalsuite.errors import UserError
 from evalsuite.workloads._source import HUB as HUB_WORD, HubSpec, hub_rows, local_path, read_records, wants_hub

@@ -88,12 +88,17 @@ def user_turn(text: str) -> Turn:
 
 def read_jsonl(path: Path) -> Iterable[tuple[int, dict]]:
     """Yield (line number, record); a bad line is a one-line UserError naming the file and line."""
-    import json
-
     try:
         raw = path.read_bytes()
     except OSError as err:
         raise UserError(f"cannot read {path}: {err.strerror}") from err
+    return iter_jsonl_bytes(path, raw)
+
+
+def iter_jsonl_bytes(path: Path, raw: bytes) -> Iterable[tuple[int, dict]]:
+    """JSON Lines already in memory (e.g. decompressed); `path` names the file in errors."""
+    import json
+
     for lineno, line in enumerate(raw.splitlines(), start=1):
         if not line.strip():
             continue

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ast
 import copy
-import json
 from pathlib import Path
 
 from evalsuite.errors import UserError

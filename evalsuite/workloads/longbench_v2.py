@@ -10,7 +10,6 @@ official `data.json` (a JSON array with `context`) or a JSON Lines export; `hub`
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from evalsuite.errors import UserError
 from evalsuite.workloads._source import HubSpec, hub_rows, local_path, read_records, single_turn_trajectories, \
