@@ -504,7 +504,7 @@ def random_drafter(target, fmt: str = "deepspec", seed: int = 0, draft_vocab_siz
 
 
 @register(METHOD, "EAGLE-3: one draft layer over fused target features, draft KV cache, chain drafting "
-                  "(SpecForge/EAGLE and DeepSpec checkpoints)")
+                  "(SpecForge/EAGLE and DeepSpec checkpoints)", needs_checkpoint=True)
 def build(target, options: dict) -> Drafter:
     source = drafter_source(METHOD, options)
     if source is not None:

@@ -1,0 +1,270 @@
+"""Draft cost versus context length: per method, the time of one proposal (K drafts) and the draft-side memory.
+
+Each method is built UNTRAINED (random-init, default size for the target: every learned method falls back to
+that when no checkpoint is given), so the numbers measure cost, not quality. For each context length n:
+
+1. the target prefills real text (GSM8K and MT-Bench from tasks/, repeated to length) in chunks and hands
+   over its features, exactly as the runner does;
+2. `start_turn` absorbs the n-token context (timed together with the first proposal, since some drafters
+   defer that work to it);
+3. a loop of warm-up + timed steps, the methods taking turns: `propose(K)` (the engine's draft time), then
+   `commit` of one token (the bonus only, with the target feature of the old anchor; timed separately, as
+   the engine counts it outside the draft time, and added for the per-step draft cost: some drafters do
+   their cache extension there, others in the next proposal);
+4. `state_bytes()` after the last step: `history` (grows with the context: draft KV, cached features) and
+   `working` (per-step scratch).
+
+Medians over the timed steps. CUDA timings use events after a device sync. Usage:
+
+    nice -n 10 python benchmarks/draft_cost.py                        # SmolLM2-135M, 512/2k/4k/8k, fp32 CPU
+    python benchmarks/draft_cost.py --target qwen3-8b-random --device cuda   # bf16, 2k/8k/32k/64k
+    python benchmarks/draft_cost.py --target qwen3-8b-random --tiny          # the same code path, tiny shapes
+
+`--methods` takes names or `name:key=value,...` variants (options as `evalsuite run` passes them), e.g.
+`eagle3:format=specforge,draft_vocab_size=32000` or `dflash:layout=block7`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from evalsuite.errors import UserError
+from evalsuite.methods.base import METHODS, Drafter, Sampling, get_method
+from evalsuite.target import TargetModel
+from evalsuite.testing import byte_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+BASELINES = ("ar", "ngram")
+
+# Randomly initialised targets built from a config (no download). Shapes of the released Qwen3 models.
+RANDOM_TARGETS = {
+    "qwen3-8b-random": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                            num_key_value_heads=8, head_dim=128, vocab_size=151936),
+    "qwen3-4b-random": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+                            num_key_value_heads=8, head_dim=128, vocab_size=151936),
+}
+# `--tiny`: the random-target code path at toy sizes (deep enough for distinct feature layers).
+TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=12, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, vocab_size=512)
+# The random targets' released drafter variants worth timing next to the defaults.
+RELEASED_VARIANTS = ["dlite", "eagle3", "eagle3:format=specforge,draft_vocab_size=32000", "dflash",
+                     "dflash:layout=block7", "dspark"]
+
+CONTEXTS = {"default": [512, 2048, 4096, 8192], "random": [2048, 8192, 32768, 65536], "tiny": [64, 256]}
+
+
+@dataclass
+class Row:
+    method: str
+    context: int
+    propose_ms: float  # median time of propose(K): the engine's draft time per step
+    commit_ms: float  # median time of commit(1 token)
+    first_ms: float  # start_turn + the first proposal: absorbing the whole context (some drafters defer it)
+    history_bytes: int
+    working_bytes: int
+    drafted: int  # tokens the last proposal returned
+
+
+# ---- set-up -----------------------------------------------------------------------------------------------------
+def random_target(shape: dict, name: str, device: str, dtype: torch.dtype) -> TargetModel:
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    config = Qwen3Config(**shape, max_position_embeddings=131072, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.generation_config.eos_token_id = 2
+    # Byte-level ids of real text are valid in any vocabulary of more than 260 entries.
+    return TargetModel(model, byte_tokenizer(), name, f"random:{name}", torch.device(device), dtype)
+
+
+def load_target(args) -> TargetModel:
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype] \
+        if args.dtype else (torch.bfloat16 if args.device.startswith("cuda") else torch.float32)
+    if args.target in RANDOM_TARGETS:
+        shape = TINY_SHAPE if args.tiny else RANDOM_TARGETS[args.target]
+        return random_target(shape, args.target + ("-tiny" if args.tiny else ""), args.device, dtype)
+    if args.tiny:
+        raise UserError("--tiny applies to the random targets (e.g. --target qwen3-8b-random --tiny)")
+    return TargetModel.load(args.target, args.device, args.dtype)
+
+
+def real_text_ids(target: TargetModel, length: int) -> list[int]:
+    """GSM8K questions and answers, then MT-Bench questions, tokenized and repeated to `length` tokens."""
+    texts = []
+    for line in (REPO / "tasks" / "gsm8k" / "test.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        texts.append(f"Question: {record['question']}\nAnswer: {record.get('answer', '')}\n")
+    for line in (REPO / "tasks" / "mt_bench" / "question.jsonl").read_text().splitlines():
+        texts.extend(json.loads(line)["turns"])
+    ids: list[int] = []
+    for text in texts:
+        ids.extend(target.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if len(ids) >= length:
+            break
+    while len(ids) < length:
+        ids = ids + ids
+    return ids[:length]
+
+
+def parse_method(spec: str) -> tuple[str, str, dict]:
+    """`name` or `name:key=value,...` → (label, method name, options)."""
+    name, _, rest = spec.partition(":")
+    options = {}
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        options[key] = value
+    return spec, name, options
+
+
+def default_methods(args) -> list[str]:
+    if args.target in RANDOM_TARGETS and not args.tiny:
+        return [m for m in RELEASED_VARIANTS if m.partition(":")[0] in METHODS]
+    return sorted(m for m in METHODS if m not in BASELINES)
+
+
+# ---- timing -----------------------------------------------------------------------------------------------------
+class Timer:
+    """Milliseconds of a region: CUDA events on a GPU (after a sync), perf_counter elsewhere."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def measure(self, fn) -> tuple[float, object]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            result = fn()
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end), result
+        begin = time.perf_counter()
+        result = fn()
+        return (time.perf_counter() - begin) * 1e3, result
+
+
+def prefill_features(target: TargetModel, ids: torch.Tensor, layers: tuple[int, ...], chunk: int) -> torch.Tensor:
+    """Target features [n, S, H] of every position, prefilled in chunks (bounded activation memory)."""
+    cache = target.new_cache()
+    parts = [target.forward(ids[i: i + chunk], cache, layers, last_only=True).hidden
+             for i in range(0, ids.numel(), chunk)]
+    return torch.cat(parts)
+
+
+@torch.inference_mode()
+def measure(target: TargetModel, drafters: dict[str, Drafter], contexts: list[int], k: int, steps: int,
+            warmup: int, chunk: int, log=print) -> list[Row]:
+    """Methods take turns step by step (round robin), so that a burst of machine noise hits them all alike."""
+    timer = Timer(target.device)
+    layers = tuple(sorted({j for d in drafters.values() for j in d.feature_layers}))
+    total = max(contexts) + warmup + steps + 1
+    ids = torch.tensor(real_text_ids(target, total), device=target.device)
+    log(f"prefilling {total} tokens of real text through the target (features of layers {list(layers)}) …")
+    features = prefill_features(target, ids, layers, chunk)
+    rows = []
+    for n in contexts:
+        feats = {label: features[:, [layers.index(j) for j in d.feature_layers]] for label, d in drafters.items()}
+        times = {label: {"propose": [], "commit": [], "first": 0.0, "drafted": 0} for label in drafters}
+        for label, drafter in drafters.items():
+            times[label]["first"], _ = timer.measure(lambda: drafter.start_turn(ids[: n + 1], feats[label][:n]))
+        for step in range(warmup + steps):
+            anchor = n + step  # the bonus token becomes the new anchor; the old anchor's feature row joins
+            for label, drafter in drafters.items():
+                propose_ms, proposal = timer.measure(lambda: drafter.propose(k, Sampling(), None))
+                commit_ms, _ = timer.measure(lambda: drafter.commit(ids[anchor + 1: anchor + 2],
+                                                                    feats[label][anchor: anchor + 1]))
+                record = times[label]
+                if step == 0:  # lazy drafters absorb the context in their first proposal
+                    record["first"] += propose_ms
+                if step >= warmup:
+                    record["propose"].append(propose_ms)
+                    record["commit"].append(commit_ms)
+                record["drafted"] = int(proposal.tokens.numel())
+        for label, drafter in drafters.items():
+            record, state = times[label], drafter.state_bytes()
+            row = Row(label, n, statistics.median(record["propose"]), statistics.median(record["commit"]),
+                      record["first"], state.history, state.working, record["drafted"])
+            rows.append(row)
+            log(f"  {label:<48} ctx {n:>6}: propose {row.propose_ms:8.2f} ms  commit {row.commit_ms:7.2f} ms  "
+                f"history {human_bytes(row.history_bytes):>10}  working {human_bytes(row.working_bytes):>10}")
+    return rows
+
+
+# ---- output -----------------------------------------------------------------------------------------------------
+def human_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def markdown(rows: list[Row], k: int) -> str:
+    lines = [f"| method | context | draft ms / step (propose K={k} + commit) | propose ms | commit ms | "
+             "start of turn + 1st proposal ms | draft state: history | working |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r.method} | {r.context} | {r.propose_ms + r.commit_ms:.2f} | {r.propose_ms:.2f} | "
+                     f"{r.commit_ms:.2f} | {r.first_ms:.1f} | {human_bytes(r.history_bytes)} | "
+                     f"{human_bytes(r.working_bytes)} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[Row]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="default", help="default | a model dir or HF id | "
+                        + " | ".join(RANDOM_TARGETS))
+    parser.add_argument("--tiny", action="store_true", help="random target at toy sizes (tests the code path)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on CUDA, else fp32)")
+    parser.add_argument("--methods", default=None,
+                        help="methods separated by ';' (commas separate a variant's options); default: all learned")
+    parser.add_argument("--contexts", default=None, help="comma-separated context lengths in tokens")
+    parser.add_argument("-k", type=int, default=7, help="drafts per proposal")
+    parser.add_argument("--steps", type=int, default=15, help="timed proposals per method and context")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--chunk", type=int, default=4096, help="target prefill chunk")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--json", default=None, help="also write the rows to this file")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA device is visible")
+
+    target = load_target(args)
+    kind = "tiny" if args.tiny else ("random" if args.target in RANDOM_TARGETS else "default")
+    contexts = [int(c) for c in args.contexts.split(",")] if args.contexts else CONTEXTS[kind]
+    get_method("ar")  # imports every method module so that the registry is complete
+    specs = args.methods.split(";") if args.methods else default_methods(args)
+    drafters = {label: get_method(name).factory(target, options) for label, name, options in map(parse_method, specs)}
+    for label, drafter in drafters.items():
+        info = drafter.describe()
+        print(f"{label}: weights {info.get('weights', '?')}, checkpoint {info.get('checkpoint')}", file=sys.stderr)
+    print(f"target {target.name}: {target.num_layers} layers, hidden {target.hidden_size}, vocab {target.vocab_size}, "
+          f"{target.dtype}, {target.device}; methods {', '.join(drafters)}; K={args.k}", file=sys.stderr)
+    rows = measure(target, drafters, contexts, args.k, args.steps, args.warmup, args.chunk,
+                   log=lambda s: print(s, file=sys.stderr, flush=True))
+    print(markdown(rows, args.k))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"target": target.name, "dtype": str(target.dtype),
+                                               "device": str(target.device), "k": args.k,
+                                               "rows": [asdict(r) for r in rows]}, indent=1))
+    return rows
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
