@@ -60,7 +60,8 @@ def _layer_tensors(prefix: str, generator, qk_norm: bool, hidden: int = HIDDEN,
 
 
 def write_specforge(directory, vocab: int = 260, hidden: int = HIDDEN, draft_vocab: int = DRAFT_VOCAB,
-                    with_embedding: bool = False, seed: int = 1, head_from: TargetModel | None = None):
+                    with_embedding: bool = False, seed: int = 1, head_from: TargetModel | None = None,
+                    fc_norm: bool = False):
     """Config keys of SpecForge `configs/qwen3-8b-eagle3.json`, scaled down; keys of `LlamaForCausalLMEagle3`.
     `head_from`: take the lm_head rows of the mapped ids from this target (a drafter that agrees sometimes)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -87,6 +88,9 @@ def write_specforge(directory, vocab: int = 260, hidden: int = HIDDEN, draft_voc
     tensors["t2d"] = t2d
     if with_embedding:
         tensors["embed_tokens.weight"] = _randn(g, vocab, hidden)
+    if fc_norm:  # SpecForge's optional per-layer RMSNorm before fc
+        config["fc_norm"] = True
+        tensors.update({f"fc_norm.{i}.weight": 1 + _randn(g, hidden) for i in range(3)})
     (directory / "config.json").write_text(json.dumps(config, indent=1))
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(directory / "model.safetensors"))
     return directory
@@ -136,17 +140,19 @@ def checkpoints(tmp_path_factory, targets):
     root = tmp_path_factory.mktemp("eagle3-ckpts")
     return {"specforge": write_specforge(root / "specforge", head_from=targets["qwen3"]),
             "specforge-embed": write_specforge(root / "specforge-embed", with_embedding=True),
+            "specforge-fc-norm": write_specforge(root / "specforge-fc-norm", fc_norm=True, head_from=targets["llama"]),
             "deepspec": write_deepspec(root / "deepspec", targets["qwen3"])}
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-@pytest.mark.parametrize("fmt", ["specforge", "deepspec"])
+@pytest.mark.parametrize("fmt", ["specforge", "specforge-fc-norm", "deepspec"])
 def test_released_formats_load_and_are_lossless_at_t0(targets, checkpoints, arch, fmt):
     target = targets[arch]
     drafter = build(target, {"drafter": str(checkpoints[fmt])})
     info = drafter.describe()
     assert info["weights"] == "checkpoint" and info["checkpoint_sha256"]
-    if fmt == "specforge":
+    if fmt.startswith("specforge"):
+        assert (drafter.model.fc_norm is not None) == fmt.endswith("fc-norm")
         assert drafter.feature_layers == (1, LAYERS // 2 - 1, LAYERS - 4)
         assert info["draft_vocab_size"] == DRAFT_VOCAB and info["embed_tokens"] == "target"
         assert drafter.model.embed_tokens.weight is target.embed_tokens.weight

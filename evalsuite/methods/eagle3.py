@@ -88,10 +88,6 @@ class Eagle3Spec:
     def reduced_vocab(self) -> bool:
         return self.draft_vocab_size != self.vocab_size
 
-    @property
-    def format(self) -> str:
-        return "specforge" if self.architecture == SPECFORGE else "deepspec"
-
 
 def _strictly_increasing(ids) -> bool:
     return all(a < b for a, b in zip(ids, ids[1:]))
@@ -461,7 +457,11 @@ def load_drafter(target, source: str) -> Eagle3Drafter:
     optional: tuple[str, ...] = ()
     embed_source = "checkpoint"
     if spec.architecture == SPECFORGE and "embed_tokens.weight" not in state:
-        # EAGLE loads the target's embedding unless the checkpoint carries its own (`cnets.py` Model.__init__)
+        # EAGLE loads the target's embedding unless the checkpoint carries its own (`cnets.py` Model.__init__),
+        # which only fits when the draft is as wide as the target
+        if spec.hidden_size != target.hidden_size:
+            raise UserError(f"{who}: no embed_tokens.weight and a draft width {spec.hidden_size} != target width "
+                            f"{target.hidden_size}; use a checkpoint that carries its embedding")
         model.share_embedding(target.embed_tokens)
         optional, embed_source = ("embed_tokens.",), "target"
     load_weights(model, state, who, optional=optional)
