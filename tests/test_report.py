@@ -3,11 +3,9 @@ the mixed-configuration refusal and the published-number matching."""
 
 from __future__ import annotations
 
-import math
 from fractions import Fraction
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner

@@ -16,7 +16,8 @@ from evalsuite.report import stats
 from evalsuite.report.load import Results
 from evalsuite.runner import BASELINE
 
-STYLE = {"font.size": 10, "axes.axisbelow": True, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
+STYLE = {"font.size": 10, "axes.axisbelow": True, "axes.spines.top": False, "axes.spines.right": False,
+         "axes.grid": True,
          "grid.color": "#e5e5e5", "svg.hashsalt": "evalsuite-report", "svg.fonttype": "none"}
 
 
@@ -52,7 +53,8 @@ def write_figures(results: Results, summary: pd.DataFrame, directory: Path, seed
     builders = [
         ("tau_vs_turn", "τ against turn index",
          "Token-weighted τ of all steps in the n-th turn of each trajectory, per task; bands: 95 % trajectory "
-         "bootstrap CI.", lambda: _tau_vs_turn(drafting, methods, results.tasks, palette, seed, n_resamples)),
+         "bootstrap CI; skipped turns (context limit) have no steps and are counted in the panel title.",
+         lambda: _tau_vs_turn(drafting, results.turns, methods, results.tasks, palette, seed, n_resamples)),
         ("tau_vs_context", "τ against context length",
          "Token-weighted τ of the steps whose context (target KV length) falls in each log-spaced bin, all tasks "
          "pooled; bands: 95 % trajectory bootstrap CI.",
@@ -123,7 +125,7 @@ def _context_axis(ax, centers: np.ndarray) -> None:
 
 
 # ---- the figures -----------------------------------------------------------------------------------------------
-def _tau_vs_turn(steps, methods, tasks, palette, seed, n_resamples) -> Figure | None:
+def _tau_vs_turn(steps, turns, methods, tasks, palette, seed, n_resamples) -> Figure | None:
     tasks = [t for t in tasks if not steps[steps.task == t].empty]
     if not tasks:
         return None
@@ -135,12 +137,14 @@ def _tau_vs_turn(steps, methods, tasks, palette, seed, n_resamples) -> Figure | 
                 continue
             curve = stats.tau_curve(cell, cell.turn, stats.cell_seed(seed, "turn", method, task), n_resamples)
             _line_with_band(ax, curve.key.to_numpy() + 1, curve, palette(method), method)
-        turns = sorted(steps[steps.task == task].turn.unique() + 1)
-        ax.set_title(task)
+        in_task = (turns.task == task) & turns.method.isin(methods)
+        skipped = int((in_task & (turns.stop_reason == stats.SKIPPED)).sum())
+        ax.set_title(task + (f"  ({skipped} turns skipped: context limit)" if skipped else ""))
+        turns_here = sorted(steps[steps.task == task].turn.unique() + 1)
         ax.set_xlabel("turn")
         ax.set_ylabel("τ", rotation=0, labelpad=10)
-        ax.set_xticks(turns if len(turns) <= 12 else turns[:: -(-len(turns) // 12)])
-        ax.set_xlim(min(turns) - 0.5, max(turns) + 0.5)
+        ax.set_xticks(turns_here if len(turns_here) <= 12 else turns_here[:: -(-len(turns_here) // 12)])
+        ax.set_xlim(min(turns_here) - 0.5, max(turns_here) + 0.5)
     _legend(figure, axes)
     return figure
 
