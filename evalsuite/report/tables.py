@@ -138,7 +138,12 @@ _LATEX_SPECIAL = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{
 
 
 def latex_escape(text: str) -> str:
-    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in text)
+    """Escapes LaTeX specials and maps the symbols the notes use; `code` becomes \\texttt{code}."""
+    parts = text.split("`")
+    escaped = ["".join(_LATEX_SPECIAL.get(ch, ch) for ch in part) for part in parts]
+    if len(parts) % 2 == 0:  # an unpaired backtick: keep it literal
+        return "`".join(escaped)
+    return "".join(f"\\texttt{{{part}}}" if i % 2 else part for i, part in enumerate(escaped))
 
 
 # ---- helpers ---------------------------------------------------------------------------------------------------
