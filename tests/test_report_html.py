@@ -42,3 +42,21 @@ def test_index_html_renders_tables_and_figures(tmp_path):
     assert colours > 200, f"{colours} colours: text and anti-aliased figures would have many more"
     figure_blue = (np.abs(pixels - FIGURE_BLUE).sum(axis=2) < 30).sum()
     assert figure_blue > 2000, "the figures' lines and bars are missing: images did not load"
+
+
+def test_latex_tables_compile_with_booktabs(tmp_path):
+    pdflatex = shutil.which("pdflatex")
+    if pdflatex is None:
+        pytest.skip("pdflatex is not installed (apt-get install texlive-latex-recommended)")
+    general = write_run(tmp_path / "general", "gsm8k", {"alpha": ALPHA_GSM8K})
+    swe = write_run(tmp_path / "swe", "swebench", {"alpha": ALPHA_GSM8K})
+    report = write_report([general, swe], tmp_path / "report", {"latex"}, n_resamples=200)
+    tables = sorted((report.out / "tables").glob("*.tex"))
+    document = ["\\documentclass{article}", "\\usepackage[T1]{fontenc}", "\\usepackage{booktabs}",
+                "\\usepackage[landscape,margin=1cm]{geometry}", "\\begin{document}",
+                *[f"\\input{{{t.as_posix()}}}\\clearpage" for t in tables], "\\end{document}"]
+    (tmp_path / "all.tex").write_text("\n".join(document))
+    result = subprocess.run([pdflatex, "-interaction=nonstopmode", "-halt-on-error", "all.tex"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert len(tables) == 9 and (tmp_path / "all.pdf").stat().st_size > 10_000
