@@ -90,13 +90,16 @@ def test_block_layouts_hand_worked(tiny_qwen3_dir, tmp_path):
     embed = target.embed_tokens
 
     zlab = build(target, {"drafter": str(zlab_checkpoint(tmp_path / "z", target, mask_token_id=3))})
-    calls = []
+    calls, prefill = [], []
     _fake_backbone(zlab, calls)
+    extend = zlab.model.extend_cache
+    zlab.model.extend_cache = lambda rows, positions, cache: prefill.append(positions.tolist()) or \
+        extend(rows, positions, cache)
     zlab.start_turn(ids, features)
+    assert prefill == [[0, 1, 2, 3, 4]] and zlab.cache.length == 5  # the draft prefill: context at 0…4
     tokens = zlab.propose(4, Sampling(), None).tokens.tolist()
     assert tokens == [101, 102, 103, 104]  # slots 1..4 → positions 6..9, i.e. drafts 1..4 after the anchor
-    assert calls[0]["positions"] == list(range(0, 5)) + list(range(5, 21))
-    assert calls[0]["context_rows"] == 5
+    assert calls[0]["positions"] == list(range(5, 21)) and calls[0]["context_rows"] == 0
     torch.testing.assert_close(calls[0]["block"], embed(torch.tensor([77] + [3] * 15)))
     # after accepting 2 drafts + bonus: 3 new context rows at positions 5..7, block at 8..23
     zlab.commit(torch.tensor([101, 102, 9]), torch.randn(3, 3, target.hidden_size))
@@ -110,7 +113,7 @@ def test_block_layouts_hand_worked(tiny_qwen3_dir, tmp_path):
     _fake_backbone(block7, calls)
     block7.start_turn(ids, features)
     assert block7.propose(7, Sampling(), None).tokens.tolist() == [100, 101, 102, 103, 104, 105, 106]
-    assert calls[0]["positions"] == list(range(0, 12))
+    assert calls[0]["positions"] == list(range(5, 12)) and block7.cache.length == 5
     torch.testing.assert_close(calls[0]["block"], block7.model.embed_tokens(torch.tensor([77] + [3] * 6)))
 
 

@@ -83,7 +83,7 @@ def test_every_slot_predicts_hand_worked(qwen3_target, tmp_path):
     drafter.start_turn(torch.tensor([1, 40, 41, 42, 43, 77]), torch.randn(5, 3, qwen3_target.hidden_size))
     tokens = drafter.propose(7, Sampling(), None).tokens.tolist()
     block, positions = calls[0]
-    assert positions == list(range(0, 12))  # context 0…4, block 5…11
+    assert positions == list(range(5, 12)) and drafter.cache.length == 5  # context 0…4 cached, block 5…11
     torch.testing.assert_close(block, drafter.model.embed_tokens(torch.tensor([77] + [3] * 6)))
     assert tokens == [100, 101, 102, 103, 104, 105, 106]  # slot j (position 5+j) → token at 5+j+1
     assert seen_previous == [77] + tokens[:-1]

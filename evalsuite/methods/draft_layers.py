@@ -180,17 +180,20 @@ class BlockAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
+    def key_values(self, rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """K/V of rows [n, H] at the positions of cos/sin [n, head_dim] → two [kv_heads, n, head_dim]."""
+        n = rows.shape[0]
+        k = rotate(self.k_norm(self.k_proj(rows).view(n, self.kv_heads, self.head_dim)), cos, sin)
+        v = self.v_proj(rows).view(n, self.kv_heads, self.head_dim)
+        return k.transpose(0, 1), v.transpose(0, 1)
+
     def forward(self, block: torch.Tensor, context: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: ContextKVCache | None, layer: int) -> torch.Tensor:
         """block [q, H] (already input-normed), context [c, H]; cos/sin [c+q, head_dim] for [context; block]."""
         q_len, c_len = block.shape[0], context.shape[0]
         keys_in = torch.cat([context, block]) if c_len else block
-        q = self.q_norm(self.q_proj(block).view(q_len, self.heads, self.head_dim))
-        k = self.k_norm(self.k_proj(keys_in).view(c_len + q_len, self.kv_heads, self.head_dim))
-        v = self.v_proj(keys_in).view(c_len + q_len, self.kv_heads, self.head_dim)
-        q = rotate(q, cos[-q_len:], sin[-q_len:])
-        k = rotate(k, cos, sin)
-        k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv_heads, n, head_dim]
+        q = rotate(self.q_norm(self.q_proj(block).view(q_len, self.heads, self.head_dim)), cos[-q_len:], sin[-q_len:])
+        k, v = self.key_values(keys_in, cos, sin)
         if cache is not None:
             k, v = cache.write(layer, k, v)
         out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None], v[None], scale=self.scale,
@@ -233,6 +236,15 @@ class DraftBackbone(nn.Module):
         if cache is not None:
             cache.advance(context.shape[0])
         return self.norm(x)
+
+    def extend_cache(self, context: torch.Tensor, positions: torch.Tensor, cache: ContextKVCache) -> None:
+        """Put context rows [c, H] at `positions` into the cache without a block. A context row's K/V depend only
+        on the row itself (every layer projects the same fused features, never its own hidden state), so this
+        is what a block forward would have stored for them."""
+        cos, sin = self.rotary_emb(context[None], positions[None])
+        for i, layer in enumerate(self.layers):
+            cache.write(i, *layer.self_attn.key_values(context, cos[0], sin[0]))
+        cache.advance(context.shape[0])
 
 
 class FusedContextBackbone(DraftBackbone):
@@ -304,8 +316,9 @@ class ContextCacheDrafter(Drafter):
     step, only the target features not yet in the draft cache (the whole prompt on the first step, afterwards
     the old anchor and the accepted drafts) with their absolute positions, followed by the block
     [anchor, MASK × (B-1)] at positions anchor_pos … anchor_pos+B-1; after the forward it crops the cache back to
-    anchor_pos, i.e. the block's K/V are dropped and the context rows stay. Here the new feature rows wait in
-    `pending` until the next `propose`, which is the same computation.
+    anchor_pos, i.e. the block's K/V are dropped and the context rows stay. Here the prompt's rows enter the
+    cache in `start_turn` (a context row's K/V do not depend on the block) and the rows of each commit wait in
+    `pending` until the next `propose`, which runs them with the block as the reference does.
     """
 
     def __init__(self, model: FusedContextBackbone, embed: nn.Embedding, block_size: int, mask_token_id: int,
@@ -322,13 +335,19 @@ class ContextCacheDrafter(Drafter):
         self.anchor_pos = 0
         self.last_block_bytes = 0
 
+    @torch.inference_mode()
     def start_turn(self, ids: torch.Tensor, features: torch.Tensor | None) -> None:
+        """The draft prefill: the whole context's K/V go into a fresh cache now (the reference does it in its
+        first draft forward, whose time z-lab's benchmark excludes; here it is the engine's draft_prefill_s)."""
         if features is None or features.shape[0] != ids.numel() - 1:
             raise ValueError(f"{self.name}: start_turn needs features for every position before the anchor")
         self.cache.reset()
-        self.pending = features
+        self.pending = None
         self.anchor = int(ids[-1])
         self.anchor_pos = ids.numel() - 1
+        if self.anchor_pos:
+            context = self.model.fuse(features.to(self.model.norm.weight.dtype))
+            self.model.extend_cache(context, torch.arange(self.anchor_pos, device=self.device), self.cache)
 
     def commit(self, new_ids: torch.Tensor, new_features: torch.Tensor | None) -> None:
         if new_features is None or new_features.shape[0] != new_ids.numel():
