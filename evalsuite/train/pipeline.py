@@ -1,0 +1,221 @@
+"""`evalsuite train`: prompts → target-regenerated replies → feature cache → recipe → released checkpoint + card.
+
+Every stage writes into a work directory keyed by the target and data choice, and every stage resumes:
+- `prompts.jsonl` + `heldout.json` (the explicit held-out list and the filtering counts),
+- `responses.jsonl` (appended per generation batch),
+- `features/` (the fp16 cache, resumed per batch),
+- `<out>/train_state.pt` (the training state, every `checkpoint_every` steps).
+The feature cache holds the union of the target layers the four methods read at their default sizes, so one
+cache serves all four recipes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from evalsuite.errors import UserError
+from evalsuite.target import TargetModel, cache_root, file_sha256, weights_hash
+from evalsuite.train import data as data_mod
+from evalsuite.train.features import FeatureCache, FeatureSpec, build_features
+from evalsuite.train.generate import GenerationOptions, read_sequences, regenerate
+from evalsuite.train.loop import LoopOptions, Trainer, final_losses, split_sequences, write_json
+from evalsuite.train.recipes import dflash as dflash_recipe
+from evalsuite.train.recipes import dlite as dlite_recipe
+from evalsuite.train.recipes import dspark as dspark_recipe
+from evalsuite.train.recipes import eagle3 as eagle3_recipe
+from evalsuite.train.recipes.common import parse_overrides
+
+METHODS = {
+    "dlite": (dlite_recipe.DLiteOptions, dlite_recipe.feature_layers),
+    "dflash": (dflash_recipe.DFlashOptions, dflash_recipe.feature_layers),
+    "dspark": (dspark_recipe.DSparkOptions, dspark_recipe.feature_layers),
+    "eagle3": (eagle3_recipe.Eagle3Options, eagle3_recipe.feature_layers),
+}
+DEFAULT_STEPS = {"dlite": 1500, "dflash": 1000, "dspark": 1000, "eagle3": 600}
+
+
+@dataclass
+class TrainRequest:
+    method: str
+    target: str = "default"
+    data: list[str] = field(default_factory=lambda: [data_mod.SHAREGPT])
+    out: Path = Path("drafter")
+    work_dir: Path | None = None
+    steps: int | None = None
+    overrides: dict[str, str] = field(default_factory=dict)
+    prompts: data_mod.PromptOptions = field(default_factory=data_mod.PromptOptions)
+    generation: GenerationOptions = field(default_factory=GenerationOptions)
+    topk: int = 32
+    heldout_extra: list[Path] = field(default_factory=list)
+    loop: LoopOptions = field(default_factory=LoopOptions)
+    command: str = ""
+
+
+@dataclass
+class Reporter:
+    """How the pipeline talks to the CLI: a message sink and a factory for rich progress bars."""
+
+    say: Callable[[str], None] = lambda text: None
+    progress: Callable[[], object] | None = None
+
+
+def all_feature_layers(num_target_layers: int, method: str, options) -> tuple[int, ...]:
+    """The union over the four methods at their default sizes, plus what `method` reads with its options."""
+    layers = set()
+    for name, (options_cls, rule) in METHODS.items():
+        layers.update(rule(num_target_layers, options if name == method else options_cls()))
+    return tuple(sorted(layers))
+
+
+def work_dir_for(request: TrainRequest, target: TargetModel, target_sha: str) -> Path:
+    if request.work_dir is not None:
+        return Path(request.work_dir)
+    key = json.dumps({"target": target_sha, "data": request.data, "prompts": asdict(request.prompts),
+                      "generation": asdict(request.generation), "extra": [str(p) for p in request.heldout_extra]},
+                     sort_keys=True)
+    return cache_root() / "train" / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _timed(timings: dict, name: str):
+    class Timer:
+        def __enter__(self):
+            self.t0 = time.time()
+
+        def __exit__(self, *exc):
+            timings[name] = timings.get(name, 0.0) + time.time() - self.t0
+    return Timer()
+
+
+def prepare_data(request: TrainRequest, target: TargetModel, target_sha: str, layers: tuple[int, ...],
+                 reporter: Reporter, timings: dict) -> tuple[Path, FeatureCache, dict]:
+    work = work_dir_for(request, target, target_sha)
+    work.mkdir(parents=True, exist_ok=True)
+    prompts_path, heldout_path = work / "prompts.jsonl", work / "heldout.json"
+    with _timed(timings, "prompts_s"):
+        if not prompts_path.exists():
+            reporter.say("building the held-out list from every registered evaluation task …")
+            heldout = data_mod.build_heldout(request.heldout_extra)
+            selected = data_mod.select_prompts(request.data, heldout, request.prompts)
+            write_json(heldout_path, {"summary": heldout.summary(), "selection": selected.stats,
+                                      "extra_paths": [str(p) for p in request.heldout_extra],
+                                      "samples": heldout.samples})
+            selected.write(prompts_path)
+        conversations = data_mod.PromptSet.read(prompts_path)
+    responses = work / "responses.jsonl"
+    with _timed(timings, "generation_s"):
+        done = {s.conv_id for s in read_sequences(responses)}
+        todo = [c for c in conversations if c.conv_id not in done]
+        if todo:
+            reporter.say(f"regenerating replies with the target (greedy): {len(todo)} prompts to go")
+            bar = reporter.progress() if reporter.progress else None
+            handle = bar.add_task("generate", total=len(todo), info="") if bar else None
+            counted = {"tokens": 0, "t0": time.time()}
+
+            def tick(seqs: int, tokens: int) -> None:
+                counted["tokens"] += tokens
+                rate = counted["tokens"] / max(time.time() - counted["t0"], 1e-9)
+                if bar:
+                    bar.update(handle, advance=seqs, info=f"{counted['tokens']} tokens, {rate:.0f} tok/s")
+            if bar:
+                bar.start()
+            try:
+                regenerate(target, todo, responses, request.generation, tick)
+            finally:
+                if bar:
+                    bar.stop()
+    wanted = {c.conv_id for c in conversations}
+    sequences = [s for s in read_sequences(responses) if s.conv_id in wanted and s.response_ids]
+    with _timed(timings, "features_s"):
+        features_dir = work / "features"
+        progress = features_dir / "progress.json"
+        if not progress.exists() or json.loads(progress.read_text())["done"] < len(sequences):
+            reporter.say(f"teacher-forced feature pass over {len(sequences)} sequences (layers {list(layers)})")
+            bar = reporter.progress() if reporter.progress else None
+            handle = bar.add_task("features", total=len(sequences), info="") if bar else None
+            if bar:
+                bar.start()
+            try:
+                cache = build_features(target, sequences, features_dir, FeatureSpec(layers, request.topk),
+                                       target_sha, lambda n, tokens: bar.update(handle, advance=n) if bar else None)
+            finally:
+                if bar:
+                    bar.stop()
+        else:
+            cache = FeatureCache(features_dir)
+    missing = [j for j in layers if j not in cache.layers]
+    if missing:
+        raise UserError(f"the feature cache in {work} lacks target layers {missing}; pass --work-dir to build "
+                        "another cache")
+    stats = {"work_dir": str(work), "prompts": len(conversations), "sequences": len(sequences),
+             "tokens": cache.meta.num_tokens, "reply_tokens": cache.meta.num_response_tokens,
+             "eos_replies": sum(1 for s in read_sequences(responses) if s.conv_id in wanted and s.stop == "eos"),
+             "heldout": json.loads(heldout_path.read_text())["summary"],
+             "selection": json.loads(heldout_path.read_text())["selection"]}
+    return work, cache, stats
+
+
+def build_recipe(method: str, target: TargetModel, cache: FeatureCache, options, train_sequences: list[int]):
+    target.model.requires_grad_(False)  # the target's embedding and lm_head are used frozen
+    if method == "dlite":
+        return dlite_recipe.DLiteRecipe(target, cache, options)
+    if method == "dflash":
+        return dflash_recipe.DFlashRecipe(target, cache, options)
+    if method == "dspark":
+        return dspark_recipe.DSparkRecipe(target, cache, options)
+    return eagle3_recipe.Eagle3Recipe(target, cache, options, train_sequences)
+
+
+def train(request: TrainRequest, reporter: Reporter = Reporter()) -> dict:
+    if request.method not in METHODS:
+        raise UserError(f"--method {request.method}: choose one of {', '.join(METHODS)}")
+    options_cls, _ = METHODS[request.method]
+    options = parse_overrides(options_cls, request.overrides, request.method)
+    steps = request.steps or DEFAULT_STEPS[request.method]
+    if steps < 1:
+        raise UserError(f"--steps {steps}: must be >= 1")
+    if request.loop.threads:
+        # On a shared, oversubscribed CPU one thread is far faster than two spinning OpenMP workers.
+        torch.set_num_threads(request.loop.threads)
+    timings: dict[str, float] = {}
+    with _timed(timings, "load_target_s"):
+        target = TargetModel.load(request.target)
+    target_sha = weights_hash(target.model_dir)
+    layers = all_feature_layers(target.num_layers, request.method, options)
+    work, cache, data_stats = prepare_data(request, target, target_sha, layers, reporter, timings)
+    train_seqs, val_seqs = split_sequences(cache, request.loop.val_fraction, request.loop.seed)
+    recipe = build_recipe(request.method, target, cache, options, train_seqs)
+    trainer = Trainer(request.out, cache, recipe.modules(), recipe.stages(steps), request.loop, recipe.validate,
+                      reporter.progress)
+    reporter.say(f"training {request.method}: {steps} steps on {len(train_seqs)} sequences "
+                 f"({len(val_seqs)} held back for validation) → {request.out}")
+    with _timed(timings, "training_s"):
+        history = trainer.run()
+    config = recipe.export(request.out)
+    sha = weights_hash(str(request.out))
+    report = {
+        "method": request.method, "target": target.name, "target_sha256": target_sha,
+        "checkpoint_sha256": sha, "model_safetensors_sha256": file_sha256(Path(request.out) / "model.safetensors"),
+        "checkpoint_bytes": (Path(request.out) / "model.safetensors").stat().st_size,
+        "steps": steps, "stages": [{"name": s.name, "steps": s.steps, "lr": s.lr, "batch_seqs": s.batch_seqs,
+                                    "anchors_per_seq": s.anchors_per_seq} for s in trainer.stages],
+        "final_losses": final_losses(history), "validation": history.val[-1] if history.val else {},
+        "validation_history": history.val, "training_seconds": history.seconds, "timings_s": timings,
+        "data": data_stats, "recipe": recipe.describe(), "loop": asdict(request.loop),
+        "command": request.command or shlex.join(["evalsuite"] + sys.argv[1:]),
+        "torch_threads": torch.get_num_threads(), "data_sources": request.data, "feature_layers": list(layers),
+        "topk": request.topk, "generation": asdict(request.generation),
+    }
+    write_json(Path(request.out) / "training_report.json", report)
+    from evalsuite.train.card import write_model_card
+
+    write_model_card(Path(request.out), report, config)
+    return report

@@ -1,0 +1,140 @@
+"""What every recipe shares: per-sequence tensors from the feature cache, the recipe interface, option
+parsing, and writing a checkpoint in a released format (config.json + model.safetensors)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from evalsuite.errors import UserError
+from evalsuite.train.features import FeatureCache
+from evalsuite.train.loop import Batch, LoopOptions, Stage
+
+STORAGE_DTYPE = torch.float16  # shipped weights: half the bytes of fp32; loaders cast to the target dtype
+
+
+@dataclass
+class SeqData:
+    """One training sequence, as tensors. Position i: tokens[i]; greedy[i] / topk_*[i] describe the target's
+    next-token choice *at* i (i.e. for position i+1)."""
+
+    tokens: torch.Tensor  # [T] long
+    greedy: torch.Tensor  # [T] long
+    topk_ids: torch.Tensor  # [T, K] long
+    topk_probs: torch.Tensor  # [T, K] float32
+    hidden: torch.Tensor  # [T, S, H] float32 for the requested layers
+    prompt_end: int  # first reply position
+
+    @property
+    def length(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+class SequenceReader:
+    """Reads sequences from the cache for a fixed list of target layers (converted to float32 tensors)."""
+
+    def __init__(self, cache: FeatureCache, layers: tuple[int, ...], who: str, device: torch.device):
+        self.cache = cache
+        self.index = cache.layer_index(layers, who)
+        self.device = device
+
+    def __call__(self, seq: int) -> SeqData:
+        c = self.cache
+        start, prompt_end, end = c.span(seq)
+        hidden = np.asarray(c.hidden[start:end][:, self.index], dtype=np.float32)
+        as_long = lambda a: torch.from_numpy(np.asarray(a, dtype=np.int64)).to(self.device)  # noqa: E731
+        return SeqData(
+            tokens=as_long(c.tokens[start:end]), greedy=as_long(c.greedy[start:end]),
+            topk_ids=as_long(c.topk_ids[start:end]),
+            topk_probs=torch.from_numpy(np.asarray(c.topk_probs[start:end], dtype=np.float32)).to(self.device),
+            hidden=torch.from_numpy(hidden).to(self.device), prompt_end=prompt_end - start,
+        )
+
+
+def block_targets(seq: SeqData, anchors: torch.Tensor, offsets: torch.Tensor) -> dict[str, torch.Tensor]:
+    """For predictions of the tokens at positions anchors[:, None] + offsets (offsets >= 1), the label (the
+    target's greedy token there), the teacher-forced previous data token, the target's top-K distribution and
+    a validity mask (position inside the sequence)."""
+    pos = anchors[:, None] + offsets[None, :]  # position of the predicted token
+    valid = pos < seq.length
+    src = (pos - 1).clamp(max=seq.length - 1)  # the target's choice for position p is recorded at p-1
+    return {"labels": seq.greedy[src], "prev": seq.tokens[src], "topk_ids": seq.topk_ids[src],
+            "topk_probs": seq.topk_probs[src], "valid": valid}
+
+
+class Recipe:
+    """A method's training recipe. Subclasses set `method`, build their modules in __init__ and implement the
+    hooks below."""
+
+    method: str = ""
+
+    def modules(self) -> dict[str, nn.Module]:
+        raise NotImplementedError
+
+    def stages(self, steps: int) -> list[Stage]:
+        raise NotImplementedError
+
+    def validate(self, batch: Batch) -> dict[str, float]:
+        raise NotImplementedError
+
+    def export(self, out_dir: Path) -> dict:
+        """Write config.json + model.safetensors in the released format; return the config."""
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        return {}
+
+
+def parse_overrides(cls, values: dict[str, str], method: str):
+    """Build a recipe's size/schedule dataclass from `--set key=value` strings (types from the dataclass)."""
+    known = {f.name: f for f in fields(cls)}
+    kwargs = {}
+    for key, raw in values.items():
+        if key not in known:
+            raise UserError(f"--set {key}: not a {method} training option; choose from {', '.join(sorted(known))}")
+        kind = type(getattr(cls(), key))
+        try:
+            kwargs[key] = kind(float(raw)) if kind is int else (raw.lower() in ("1", "true", "yes")
+                                                                 if kind is bool else kind(raw))
+        except ValueError:
+            raise UserError(f"--set {key}={raw}: expected a {kind.__name__}") from None
+    return cls(**kwargs)
+
+
+def save_checkpoint(out_dir: Path, config: dict, state: dict[str, torch.Tensor]) -> None:
+    """config.json + model.safetensors; floating tensors are stored in fp16, integer/bool buffers as they are."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = {k: (v.detach().to(STORAGE_DTYPE) if v.is_floating_point() else v.detach()).contiguous().cpu()
+               for k, v in state.items()}
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
+def qwen3_layer_config(target, num_layers: int, intermediate_size: int) -> dict:
+    """The drafter's Qwen3 layer config as a plain dict: the target's widths, heads, norms and RoPE, with the
+    drafter's own depth and MLP width (written to config.json and read back by `qwen3_config`)."""
+    from evalsuite.methods.draft_layers import default_layer_config
+
+    cfg = default_layer_config(target, num_layers)
+    cfg.intermediate_size = int(intermediate_size)
+    out = cfg.to_dict()
+    out.pop("transformers_version", None)
+    return out
+
+
+def param_count(module: nn.Module, exclude: tuple[str, ...] = ()) -> int:
+    return sum(p.numel() for n, p in module.named_parameters() if not n.startswith(exclude))
+
+
+def chain_tau(predicted: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor) -> float:
+    """Greedy acceptance length (bonus included) of draft chains [N, K] against the target's greedy tokens."""
+    from evalsuite.train.losses import greedy_tau
+
+    return greedy_tau(predicted == labels, valid)

@@ -1,0 +1,272 @@
+"""DLite: the two-stage recipe of the DLite training repo (methods.md §1.1), on `evalsuite.methods.dlite` modules.
+
+Stage 1, teacher: a history-aware isomorphic teacher — the same backbone and RNN head as the student — whose
+context is a sliding window of W fused history features fuse(t) = RMSNorm(Linear([h_first; h_mid; h_last]))
+for positions a-W … a-1, followed by the student's S pivot slots (CHS of a-1), with global (absolute) RoPE
+positions. Trained with position-weighted CE against the target's greedy tokens.
+Stage 2a, distillation: the student (history-free: pivot slots only, local positions) starts from scratch,
+its sequential head is a frozen copy of the teacher's, and it learns the teacher's block distribution by
+position-weighted forward KL(teacher ‖ student).
+Stage 2b, alignment: head unfrozen; λ_CE·CE(target greedy tokens) + λ_TV·TV(target distribution), position
+weights exp(-(k-1)/γ); the first `blend_fraction` of it blends cosine-wise from the KL loss into this one.
+The RNN head is teacher-forced with the data tokens (x_{k-1}), as in the reference trainer.
+
+`single_stage=True` is the ablation: the student alone, trained with the stage-2b loss for the same number of
+steps and the same batches.
+
+History rows before position 0 (only when a prompt is shorter than W) repeat row 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from evalsuite.methods.dlite import DLiteModel, DLiteSettings, SequentialHead, block_positions, dlite_layer_ids
+from evalsuite.methods.draft_layers import RMSNorm, default_mask_token_id, init_random_, qwen3_config
+from evalsuite.train import losses
+from evalsuite.train.features import FeatureCache
+from evalsuite.train.forward import block_layers
+from evalsuite.train.loop import Batch, Stage
+from evalsuite.train.recipes.common import (
+    Recipe, SequenceReader, block_targets, chain_tau, param_count, qwen3_layer_config, save_checkpoint,
+)
+
+
+@dataclass(frozen=True)
+class DLiteOptions:
+    layers: int = 2
+    intermediate_size: int = 512
+    rank: int = 32
+    chs_num_layers: int = 7
+    block_size: int = 8  # anchor + 7 masks: 7 proposals (the paper's K=7)
+    history_window: int = 32
+    gamma: float = 4.0
+    ce_weight: float = 0.1
+    tv_weight: float = 1.0
+    teacher_fraction: float = 0.35
+    distill_fraction: float = 0.25
+    blend_fraction: float = 0.2
+    teacher_lr: float = 4e-4
+    lr: float = 5e-4
+    batch_seqs: int = 8
+    anchors_per_seq: int = 16
+    single_stage: bool = False
+    seed: int = 0
+
+
+def feature_layers(num_target_layers: int, options: DLiteOptions = DLiteOptions()) -> tuple[int, ...]:
+    return tuple(dlite_layer_ids(num_target_layers, min(options.chs_num_layers, num_target_layers)))
+
+
+def rnn_logits(head: SequentialHead, hidden: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+    """The RNN head over a block, batched and teacher-forced: hidden [A, K, H], prev [A, K] → logits [A, K, V].
+    Same recurrence as `SequentialHead.step` (state 0 at the start, G=1)."""
+    state = hidden.new_zeros(hidden.shape[0], head.rank)
+    latents = []
+    for k in range(hidden.shape[1]):
+        e = head.prev_token_embedding(prev[:, k])
+        gate_raw, candidate = head.state_proj(torch.cat([state, e], dim=-1)).chunk(2, dim=-1)
+        gate = torch.sigmoid(gate_raw)
+        state = gate * state + (1.0 - gate) * torch.tanh(candidate)
+        latents.append(head.state_hidden_mlp(torch.cat([state, hidden[:, k]], dim=-1)))
+    return head.output_proj(torch.stack(latents, dim=1))
+
+
+class DLiteTeacher(nn.Module):
+    """The student's architecture (`core`) plus the history fusion of the sliding window."""
+
+    def __init__(self, cfg, settings: DLiteSettings):
+        super().__init__()
+        self.core = DLiteModel(cfg, settings)
+        self.history_fc = nn.Linear(3 * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.history_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class DLiteRecipe(Recipe):
+    method = "dlite"
+
+    def __init__(self, target, cache: FeatureCache, options: DLiteOptions):
+        self.target = target
+        self.options = options
+        self.device = target.device
+        L = target.num_layers
+        ids = feature_layers(L, options)
+        mask, self.mask_how = default_mask_token_id(target)
+        self.settings = DLiteSettings(options.block_size, 1, ids, L, options.rank, mask)
+        self.layer_config = qwen3_layer_config(target, options.layers, options.intermediate_size)
+        cfg = qwen3_config(self.layer_config, "dlite training")
+        torch.manual_seed(options.seed)
+        self.student = DLiteModel(cfg, self.settings).to(self.device)
+        init_random_(self.student, options.seed)
+        self.teacher = None
+        if not options.single_stage:
+            self.teacher = DLiteTeacher(cfg, self.settings).to(self.device)
+            init_random_(self.teacher, options.seed + 1)
+        self.embed = target.embed_tokens
+        self.read = SequenceReader(cache, ids, "dlite", self.device)
+        # history fusion reads the first, middle and last of the CHS layers
+        self.history_slots = [0, len(ids) // 2, len(ids) - 1]
+        self.depth_ids = torch.tensor(ids, device=self.device)
+        self.offsets = torch.arange(1, options.block_size, device=self.device)
+        self.weights = losses.position_weights(options.block_size - 1, options.gamma, self.device)
+
+    # ---- forwards ----------------------------------------------------------------------------------------------
+    def _queries(self, seq, anchors: torch.Tensor) -> torch.Tensor:
+        B = self.options.block_size
+        ids = torch.full((anchors.shape[0], B), self.settings.mask_token_id, device=self.device)
+        ids[:, 0] = seq.tokens[anchors]
+        return self.embed(ids).float()
+
+    def _slots(self, model: DLiteModel, seq, anchors: torch.Tensor) -> torch.Tensor:
+        pivot = seq.hidden[anchors - 1]  # [A, S, H]: CHS of the token before the anchor
+        return model.context_norm(pivot + model.layer_depth_embedding(self.depth_ids))
+
+    def student_logits(self, seq, anchors: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        m = self.student
+        slots = self._slots(m, seq, anchors)
+        A, S = slots.shape[0], slots.shape[1]
+        positions = block_positions(1, self.options.block_size, S, self.device)
+        out = block_layers(m, self._queries(seq, anchors), positions[S:].expand(A, -1), own=slots,
+                           own_pos=positions[:S].expand(A, -1))
+        return rnn_logits(m.sequential_head, out[:, 1:], prev)
+
+    def teacher_logits(self, seq, anchors: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        t = self.teacher
+        W, B = self.options.history_window, self.options.block_size
+        hist_pos = anchors[:, None] - W + torch.arange(W, device=self.device)[None]  # a-W … a-1
+        rows = seq.hidden[hist_pos.clamp(min=0)][:, :, self.history_slots]  # [A, W, 3, H]
+        history = t.history_norm(t.history_fc(rows.flatten(2)))
+        slots = self._slots(t.core, seq, anchors)
+        A, S = slots.shape[0], slots.shape[1]
+        own = torch.cat([history, slots], dim=1)
+        own_pos = torch.cat([hist_pos.clamp(min=0), (anchors - 1)[:, None].expand(A, S)], dim=1)
+        block_pos = anchors[:, None] + torch.arange(B, device=self.device)[None]
+        out = block_layers(t.core, self._queries(seq, anchors), block_pos, own=own, own_pos=own_pos)
+        return rnn_logits(t.core.sequential_head, out[:, 1:], prev)
+
+    def _per_sequence(self, batch: Batch):
+        for seq_id, anchors in zip(batch.seqs, batch.anchors):
+            seq = self.read(seq_id)
+            anchors = torch.as_tensor(anchors, device=self.device)
+            yield seq, anchors, block_targets(seq, anchors, self.offsets)
+
+    # ---- losses ------------------------------------------------------------------------------------------------
+    def _mean_terms(self, batch: Batch, fn) -> dict[str, torch.Tensor]:
+        totals: dict[str, torch.Tensor] = {}
+        count = 0
+        for seq, anchors, tgt in self._per_sequence(batch):
+            terms = fn(seq, anchors, tgt, self.weights[None] * tgt["valid"])
+            for key, value in terms.items():
+                totals[key] = totals.get(key, 0.0) + value
+            count += 1
+        return {k: v / count for k, v in totals.items()}
+
+    def teacher_loss(self, batch: Batch, fraction: float) -> dict[str, torch.Tensor]:
+        def fn(seq, anchors, tgt, w):
+            ce = losses.weighted_ce(self.teacher_logits(seq, anchors, tgt["prev"]), tgt["labels"], w)
+            return {"loss": ce, "ce": ce}
+        return self._mean_terms(batch, fn)
+
+    def _kl(self, seq, anchors, tgt, w):
+        with torch.no_grad():
+            teacher = self.teacher_logits(seq, anchors, tgt["prev"])
+        return losses.forward_kl(teacher, self.student_logits(seq, anchors, tgt["prev"]), w)
+
+    def distill_loss(self, batch: Batch, fraction: float) -> dict[str, torch.Tensor]:
+        def fn(seq, anchors, tgt, w):
+            kl = self._kl(seq, anchors, tgt, w)
+            return {"loss": kl, "kl": kl}
+        return self._mean_terms(batch, fn)
+
+    def align_loss(self, batch: Batch, fraction: float) -> dict[str, torch.Tensor]:
+        o = self.options
+        blend = 1.0
+        if self.teacher is not None and o.blend_fraction > 0 and fraction < o.blend_fraction:
+            blend = 0.5 - 0.5 * math.cos(math.pi * fraction / o.blend_fraction)  # 0 → 1, cosine
+
+        def fn(seq, anchors, tgt, w):
+            logits = self.student_logits(seq, anchors, tgt["prev"])
+            ce = losses.weighted_ce(logits, tgt["labels"], w)
+            tv = losses._weighted_mean(losses.tv_to_sparse_target(logits, tgt["topk_ids"], tgt["topk_probs"]), w)
+            align = o.ce_weight * ce + o.tv_weight * tv
+            terms = {"ce": ce, "tv": tv}
+            if blend < 1.0:
+                kl = self._kl(seq, anchors, tgt, w)
+                terms["kl"] = kl
+                align = (1.0 - blend) * kl + blend * align
+            terms["loss"] = align
+            return terms
+        return self._mean_terms(batch, fn)
+
+    # ---- recipe interface --------------------------------------------------------------------------------------
+    def modules(self) -> dict[str, nn.Module]:
+        return {"student": self.student, **({"teacher": self.teacher} if self.teacher is not None else {})}
+
+    def stages(self, steps: int) -> list[Stage]:
+        o = self.options
+        batch = dict(batch_seqs=o.batch_seqs, anchors_per_seq=o.anchors_per_seq)
+        if self.teacher is None:
+            return [Stage("align", steps, o.lr, lambda: list(self.student.parameters()), self.align_loss, **batch)]
+        teacher_steps = max(1, int(round(o.teacher_fraction * steps)))
+        distill_steps = max(1, int(round(o.distill_fraction * steps)))
+        align_steps = max(1, steps - teacher_steps - distill_steps)
+        head = self.student.sequential_head
+
+        def start_distill():
+            head.load_state_dict(self.teacher.core.sequential_head.state_dict())
+            head.requires_grad_(False)
+            self.teacher.requires_grad_(False)
+
+        def start_align():
+            head.requires_grad_(True)
+            self.teacher.requires_grad_(False)
+
+        def student_params():
+            return [p for p in self.student.parameters() if p.requires_grad]
+
+        return [
+            Stage("teacher", teacher_steps, o.teacher_lr, lambda: list(self.teacher.parameters()),
+                  self.teacher_loss, **batch, on_start=lambda: self.teacher.requires_grad_(True)),
+            Stage("distill", distill_steps, o.lr, student_params, self.distill_loss, **batch, on_start=start_distill),
+            Stage("align", align_steps, o.lr, student_params, self.align_loss, **batch, on_start=start_align),
+        ]
+
+    def validate(self, batch: Batch) -> dict[str, float]:
+        preds, labels, valid, t_preds = [], [], [], []
+        for seq, anchors, tgt in self._per_sequence(batch):
+            preds.append(self.student_logits(seq, anchors, tgt["prev"]).argmax(-1))
+            if self.teacher is not None:
+                t_preds.append(self.teacher_logits(seq, anchors, tgt["prev"]).argmax(-1))
+            labels.append(tgt["labels"])
+            valid.append(tgt["valid"])
+        labels, valid = torch.cat(labels), torch.cat(valid)
+        out = {"tau_student": chain_tau(torch.cat(preds), labels, valid),
+               "acc1_student": float((torch.cat(preds)[:, 0] == labels[:, 0]).float().mean())}
+        if t_preds:
+            out["tau_teacher"] = chain_tau(torch.cat(t_preds), labels, valid)
+        return out
+
+    def export(self, out_dir: Path) -> dict:
+        s = self.settings
+        config = dict(self.layer_config)
+        config.update(
+            architectures=["DLiteDraftModel"], model_type="qwen3", block_size=s.block_size,
+            num_target_layers=s.num_target_layers,
+            dlite_config={"architecture_version": s.architecture_version, "model_role": "pivot_q_student",
+                          "anchor_group_size": s.anchor_group_size, "chs_num_layers": len(s.target_layer_ids),
+                          "target_layer_ids": list(s.target_layer_ids), "sequential_head": "rnn",
+                          "sequential_rank": s.sequential_rank, "mask_token_id": s.mask_token_id},
+        )
+        save_checkpoint(out_dir, config, self.student.state_dict())
+        return config
+
+    def describe(self) -> dict:
+        return {"options": asdict(self.options), "student_parameters": param_count(self.student),
+                "teacher_parameters": param_count(self.teacher) if self.teacher is not None else 0,
+                "target_layer_ids": list(self.settings.target_layer_ids), "mask_token": self.mask_how,
+                "embed_tokens": "target (frozen, not stored)", "lm_head": "own rank-R RNN head"}

@@ -1,0 +1,73 @@
+"""Training data: ShareGPT recovery from a truncated file, and the held-out list that keeps every evaluation
+sample out of the training prompts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from evalsuite.train import data
+from evalsuite.workloads.base import TASKS, LoadOptions, get_task
+
+
+@pytest.fixture(scope="module")
+def heldout():
+    return data.build_heldout()
+
+
+def test_truncated_json_array_yields_the_complete_records():
+    records = [{"id": i, "conversations": [{"from": "human", "value": f"q{i}"}]} for i in range(3)]
+    text = json.dumps(records, indent=1)
+    cut = text[: text.index('"q2"') + 2]  # the third record is cut off mid-string
+    assert [r["id"] for r in data.iter_json_array_prefix(cut)] == [0, 1]
+    assert [r["id"] for r in data.iter_json_array_prefix(text)] == [0, 1, 2]
+
+
+def test_every_registered_task_is_in_the_heldout_list(heldout):
+    get_task("gsm8k")
+    loaded = {name for name in TASKS if name not in heldout.unavailable}
+    assert {"gsm8k", "mt-bench"} <= loaded
+    counted = heldout.summary()["samples_per_task"]
+    for name in loaded:
+        trajectories = TASKS[name].load(LoadOptions())
+        assert counted[name] == len(trajectories), name
+        for trajectory in trajectories[:25]:  # each sample's own prompt text is recognised as held out
+            texts = [t for t in data.trajectory_texts(trajectory) if len(data._words(t)) >= data.MIN_HELDOUT_WORDS]
+            assert all(heldout.overlaps(t) for t in texts), (name, trajectory.sample_id)
+
+
+def test_selection_drops_evaluation_prompts_and_keeps_clean_ones(tmp_path, heldout):
+    gsm8k = get_task("gsm8k").load(LoadOptions(limit=1, seed=3))[0].turns[0].new_messages[0]["content"]
+    question = gsm8k.split("\nPlease reason")[0]
+    mt_bench = get_task("mt-bench").load(LoadOptions(limit=1, seed=5))[0].turns[0].new_messages[0]["content"]
+    words = mt_bench.split()
+    assert len(words) >= 13
+    clean = "Write a short poem about the autumn wind in the mountains near a quiet lake at dusk."
+    path = tmp_path / "mix.jsonl"
+    rows = [{"prompt": question},  # an evaluation question, verbatim
+            {"prompt": "Hi! " + " ".join(words[:13]) + " Thanks."},  # a 13-word span of an evaluation prompt
+            {"messages": [{"role": "user", "content": clean}]}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    selected = data.select_prompts([str(path)], heldout, data.PromptOptions(num_prompts=10))
+    assert [c.messages[-1][1] for c in selected.conversations] == [clean]
+    assert selected.stats["dropped_heldout"] == 2
+
+
+def test_math_like_prompts_get_the_evaluation_format(tmp_path, heldout):
+    path = tmp_path / "math.jsonl"
+    path.write_text(json.dumps({"prompt": "A farmer has 12 cows and buys 7 more each week. How many cows after "
+                                          "3 weeks?"}) + "\n")
+    selected = data.select_prompts([str(path)], heldout, data.PromptOptions(num_prompts=1))
+    assert selected.conversations[0].messages[-1][1].endswith(data.MATH_SUFFIX)
+
+
+def test_bad_training_records_are_one_line_errors(tmp_path):
+    from evalsuite.errors import UserError
+
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"text": "no prompt here"}) + "\n")
+    with pytest.raises(UserError, match="bad.jsonl:1"):
+        data.load_jsonl_conversations(path)
+    with pytest.raises(UserError, match="no such file"):
+        data.select_prompts([str(tmp_path / "missing.jsonl")], data.HeldOut(), data.PromptOptions())
