@@ -28,11 +28,14 @@ class Cell:
     half_width: float | None = None  # printed as ± in Markdown, LaTeX and HTML
     bold: bool = False
     digits: int = 2
+    unit: str = ""  # "bytes": printed as B/KiB/MiB/GiB
 
     def text(self) -> str:
         value = self.value
         if value is None or (isinstance(value, float) and math.isnan(value)):
             return "–"
+        if self.unit == "bytes":
+            return human_bytes(float(value))
         if isinstance(value, str):
             return value
         if isinstance(value, int):
@@ -306,8 +309,8 @@ def cost_table(steps: pd.DataFrame, methods: list[str], tasks: list[str]) -> Tab
             c = stats.cost(cell)
             rows.append([Cell(method), Cell(task), Cell(c.draft_ms, digits=3), Cell(c.verify_ms, digits=1),
                          Cell(c.draft_verify_ratio, digits=3), Cell(int(round(c.median_context))),
-                         Cell(human_bytes(c.bytes_at_median)), Cell(int(c.max_context)),
-                         Cell(human_bytes(c.bytes_at_max))])
+                         Cell(c.bytes_at_median, unit="bytes"), Cell(int(c.max_context)),
+                         Cell(c.bytes_at_max, unit="bytes")])
             records.append({"method": method, "task": task, **vars(c)})
     if not rows:
         return None
@@ -323,8 +326,6 @@ def cost_table(steps: pd.DataFrame, methods: list[str], tasks: list[str]) -> Tab
 
 
 def human_bytes(value: float) -> str:
-    if value is None or math.isnan(value):
-        return "–"
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(value) < 1024 or unit == "GiB":
             return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
