@@ -40,7 +40,7 @@ from torch import nn
 from evalsuite.methods.base import Drafter, DraftState, Proposal, Sampling, register, tensor_bytes
 from evalsuite.methods.checkpoints import check_fit, drafter_source, load_checkpoint, load_weights
 from evalsuite.methods.draft_layers import (
-    DraftBackbone, RMSNorm, choose_token, default_layer_config, default_mask_token_id, init_random_,
+    DraftBackbone, RMSNorm, next_token, default_layer_config, default_mask_token_id, init_random_,
     materialize, qwen3_config, require, stack_proposal,
 )
 
@@ -205,10 +205,9 @@ class DLiteDrafter(Drafter):
         tokens, probs = [], []
         for j in range(hidden.shape[0]):
             latent, state = head.step(previous, hidden[j], state)
-            token, dist = choose_token(head.output_proj(latent), sampling.temperature, generator)
-            tokens.append(token)
+            previous, dist = next_token(head.output_proj(latent), sampling.temperature, generator)
+            tokens.append(previous)
             probs.append(dist)
-            previous = torch.tensor(token, device=self.device)
         return stack_proposal(tokens, probs, self.device)
 
     def state_bytes(self) -> DraftState:

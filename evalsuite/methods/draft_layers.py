@@ -301,8 +301,18 @@ def choose_token(logits: torch.Tensor, temperature: float,
     return int(torch.multinomial(probs.cpu(), 1, generator=generator)), probs
 
 
-def stack_proposal(tokens: list[int], probs: list[torch.Tensor | None], device) -> Proposal:
-    ids = torch.tensor(tokens, dtype=torch.long, device=device)
+def next_token(logits: torch.Tensor, temperature: float,
+               generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`choose_token` for serial heads that feed the token straight back: a 0-d tensor on the logits' device.
+    Greedy stays on the device (no host sync per token, like the references' loops)."""
+    if temperature <= 0.0:
+        return logits.argmax(), None
+    token, probs = choose_token(logits, temperature, generator)
+    return torch.tensor(token, device=logits.device), probs
+
+
+def stack_proposal(tokens: list[torch.Tensor], probs: list[torch.Tensor | None], device) -> Proposal:
+    ids = torch.stack(tokens).to(device) if tokens else torch.empty(0, dtype=torch.long, device=device)
     if not probs or probs[0] is None:
         return Proposal(tokens=ids)
     return Proposal(tokens=ids, probs=torch.stack(probs).to(device))
@@ -397,6 +407,6 @@ def require(condition: bool, who: str, message: str) -> None:
 
 __all__ = [
     "ContextCacheDrafter", "ContextKVCache", "DraftBackbone", "DraftDecoderLayer", "FusedContextBackbone",
-    "RMSNorm", "SwiGLU", "BlockAttention", "choose_token", "default_layer_config", "default_mask_token_id",
+    "RMSNorm", "SwiGLU", "BlockAttention", "choose_token", "next_token", "default_layer_config", "default_mask_token_id",
     "evenly_spaced_zlab", "init_random_", "materialize", "qwen3_config", "require", "rotate", "stack_proposal",
 ]

@@ -38,7 +38,7 @@ from evalsuite.errors import UserError
 from evalsuite.methods.base import Drafter, Proposal, Sampling, register
 from evalsuite.methods.checkpoints import check_fit, drafter_source, load_checkpoint, load_weights
 from evalsuite.methods.draft_layers import (
-    ContextCacheDrafter, FusedContextBackbone, choose_token, default_layer_config, default_mask_token_id,
+    ContextCacheDrafter, FusedContextBackbone, next_token, default_layer_config, default_mask_token_id,
     evenly_spaced_zlab, init_random_, materialize, qwen3_config, require, stack_proposal,
 )
 
@@ -184,11 +184,11 @@ class DeepSpecDrafter(ContextCacheDrafter):
             if self.markov is not None:
                 bias, state = self.markov.step(previous, hidden[j], state)
                 logits = logits + bias
-            token, dist = choose_token(logits, sampling.temperature, generator)
+            token, dist = next_token(logits, sampling.temperature, generator)
             prev_ids.append(previous)
             tokens.append(token)
             probs.append(dist)
-            previous = torch.tensor(token, device=self.device)
+            previous = token
         keep = len(tokens)
         if self.confidence is not None and self.confidence_threshold > 0.0 and tokens:
             keep = self._confident_prefix(hidden, torch.stack(prev_ids))
@@ -210,8 +210,12 @@ class DeepSpecDrafter(ContextCacheDrafter):
                 "markov_head": layout.markov_head_type if layout.markov_rank else None,
                 "markov_rank": layout.markov_rank, "confidence_head": layout.confidence_head,
                 "confidence_threshold": self.confidence_threshold if self.confidence is not None else None,
-                "embed_tokens": "checkpoint" if hasattr(self.model, "embed_tokens") else "target (not in checkpoint)",
-                "lm_head": "checkpoint" if hasattr(self.model, "lm_head") else "target (not in checkpoint)"}
+                "embed_tokens": self._source("embed_tokens"), "lm_head": self._source("lm_head")}
+
+    def _source(self, module: str) -> str:
+        if hasattr(self.model, module):
+            return "checkpoint"
+        return "target (not in checkpoint)" if self.provenance.get("weights") == "checkpoint" else "target"
 
 
 def build_deepspec(target, options: dict, method: str, drafter_class: type[DeepSpecDrafter],
@@ -227,7 +231,8 @@ def build_deepspec(target, options: dict, method: str, drafter_class: type[DeepS
         cfg = default_layer_config(target, DEFAULT_LAYERS)
         model = materialize(lambda: DeepSpecBlockModel(cfg, layout, False, False), target.device, target.dtype)
         init_random_(model, int(options.get("seed", RANDOM_SEED)))
-        provenance = {"weights": "random-init", "layers": DEFAULT_LAYERS}
+        provenance = {"weights": "random-init", "layers": DEFAULT_LAYERS,
+                      "mask_token": default_mask_token_id(target)[1]}
     else:
         checkpoint = load_checkpoint(source, method)
         who = f"{method} drafter {source}"
