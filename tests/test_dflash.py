@@ -196,3 +196,21 @@ def test_block7_final_target_layer_is_refused(tiny_qwen3_dir, tmp_path):
     path = deepspec_checkpoint(tmp_path / "b7", target, layer_ids=(0, 1, 3), markov_rank=0, confidence=False)
     with pytest.raises(UserError, match="final target layer 3"):
         build(target, {"drafter": str(path)})
+
+
+def test_block7_samples_at_temperature_from_its_lm_head(tiny_qwen3_dir, tmp_path):
+    """DeepSpec block7 (no Markov head) draws every slot from softmax(lm_head(h_j) / T) and reports exactly that."""
+    from evalsuite.target import TargetModel
+
+    target = TargetModel.load(str(tiny_qwen3_dir))
+    path = deepspec_checkpoint(tmp_path / "b7", target, markov_rank=0, confidence=False)
+    drafter = build(target, {"drafter": str(path)})
+    features = torch.randn(len(PROMPT) - 1, 3, target.hidden_size)
+    drafter.start_turn(torch.tensor(PROMPT), features)
+    hidden = drafter.block_outputs()
+    drafter.start_turn(torch.tensor(PROMPT), features)
+    proposal = drafter.propose(7, Sampling(temperature=0.9), torch.Generator().manual_seed(4))
+    expected = torch.softmax(drafter.model.lm_head(hidden).float() / 0.9, dim=-1)
+    torch.testing.assert_close(proposal.probs, expected, rtol=1e-5, atol=1e-6)
+    generator = torch.Generator().manual_seed(4)
+    assert [int(torch.multinomial(row, 1, generator=generator)) for row in proposal.probs] == proposal.tokens.tolist()
