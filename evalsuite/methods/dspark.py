@@ -170,7 +170,6 @@ class DeepSpecDrafter(ContextCacheDrafter):
         self.confidence = getattr(model, "confidence_head", None)
         self.confidence_threshold = float(confidence_threshold)
         self.provenance = provenance
-        self.last_confidence: torch.Tensor | None = None  # sigmoid per proposed slot, when computed
 
     @torch.inference_mode()
     def propose(self, k: int, sampling: Sampling, generator: torch.Generator | None) -> Proposal:
@@ -199,7 +198,6 @@ class DeepSpecDrafter(ContextCacheDrafter):
         if self.layout.confidence_with_markov:
             features = torch.cat([hidden, self.markov.markov_w1(prev_ids).to(hidden.dtype)], dim=-1)
         confidence = torch.sigmoid(self.confidence(features).float())
-        self.last_confidence = confidence
         low = (confidence < self.confidence_threshold).nonzero()
         return int(low[0]) if low.numel() else confidence.numel()
 
