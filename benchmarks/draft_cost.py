@@ -119,7 +119,7 @@ def real_text_ids(target: TargetModel, length: int) -> list[int]:
 def parse_method(spec: str) -> tuple[str, str, dict]:
     """`name` or `name:key=value,...` → (label, method name, options)."""
     name, _, rest = spec.partition(":")
-    options = {}
+    options = {"drafter": "random"}  # untrained default-size drafters, even where trained ones ship
     for item in filter(None, rest.split(",")):
         key, _, value = item.partition("=")
         options[key] = value

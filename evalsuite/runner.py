@@ -21,7 +21,7 @@ from evalsuite.chat_format import fit_to_template
 from evalsuite.config import DRIFT_FIELDS, RunConfig, environment
 from evalsuite.engine import TurnResult, decode_turn
 from evalsuite.errors import UserError
-from evalsuite.methods.base import Drafter, Sampling, get_method
+from evalsuite.methods.base import Drafter, Sampling, common_prefix_len, get_method
 from evalsuite.records import RunStore, StepRecord, TurnRecord
 from evalsuite.target import TargetModel, text_hash, weights_hash
 from evalsuite.timing import DeviceClock
@@ -47,11 +47,7 @@ class PrefixCache:
 
     def prefill(self, ids: list[int]) -> int:
         """Bring the cache to exactly `ids`; returns how many tokens were run through the target."""
-        common = 0
-        for a, b in zip(self.ids, ids):
-            if a != b:
-                break
-            common += 1
+        common = common_prefix_len(torch.tensor(self.ids, dtype=torch.long), torch.tensor(ids, dtype=torch.long))
         if common == len(ids) and common == len(self.ids) and self.last_logits is not None:
             return 0
         common = min(common, len(ids) - 1)  # the last token always runs, to produce fresh logits

@@ -210,9 +210,11 @@ class TargetModel:
         return self.model.get_output_embeddings()
 
     def check_layer_ids(self, layer_ids: tuple[int, ...], who: str) -> None:
-        bad = [j for j in layer_ids if not 0 <= j < self.num_layers]
+        # -1 is the embedding output (hidden_states[0]), which DeepSpec's configs may name
+        bad = [j for j in layer_ids if not -1 <= j < self.num_layers]
         if bad:
-            raise UserError(f"{who} reads target layers {bad}, but the target has only {self.num_layers} layers")
+            raise UserError(f"{who} reads target layers {bad}, but the target has only {self.num_layers} layers "
+                            f"(valid ids: -1 for the embeddings, 0..{self.num_layers - 1})")
 
 
 def _parse_dtype(dtype: str | None, device: torch.device) -> torch.dtype:

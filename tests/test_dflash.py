@@ -141,7 +141,7 @@ def test_zlab_draft_is_greedy_at_temperature(tiny_target, tmp_path):
 
 
 def test_random_init_default(tiny_target):
-    drafter = build(tiny_target, {})
+    drafter = build(tiny_target, {"drafter": "random"})
     info = drafter.describe()
     assert info["weights"] == "random-init" and info["checkpoint"] is None and info["block_size"] == 16
     drafter.start_turn(torch.tensor(PROMPT), torch.randn(len(PROMPT) - 1, len(drafter.feature_layers),
@@ -149,16 +149,16 @@ def test_random_init_default(tiny_target):
     assert drafter.propose(15, Sampling(), None).tokens.numel() == 15
     state = drafter.state_bytes()
     assert state.history > 0 and state.working > 0
-    assert build(tiny_target, {"layout": "block7"}).describe()["layout"] == "block7"
+    assert build(tiny_target, {"drafter": "random", "layout": "block7"}).describe()["layout"] == "block7"
     with pytest.raises(UserError, match="layout"):
-        build(tiny_target, {"layout": "b16"})
+        build(tiny_target, {"drafter": "random", "layout": "b16"})
 
 
 def test_history_bytes_grow_with_context(tiny_qwen3_dir):
     from evalsuite.target import TargetModel
 
     target = TargetModel.load(str(tiny_qwen3_dir))
-    drafter = build(target, {})
+    drafter = build(target, {"drafter": "random"})
     sizes = []
     for n in (50, 100):
         drafter.start_turn(torch.randint(4, 200, (n + 1,)), torch.randn(n, len(drafter.feature_layers), 64))

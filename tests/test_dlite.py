@@ -147,7 +147,7 @@ def test_proposal_probs_are_the_rnn_head_distribution(qwen3_target, tmp_path):
 
 
 def test_random_init_default(tiny_target):
-    drafter = build(tiny_target, {"anchor_group_size": 2})
+    drafter = build(tiny_target, {"drafter": "random", "anchor_group_size": 2})
     info = drafter.describe()
     assert info["weights"] == "random-init" and info["block_size"] == 8 and info["anchor_group_size"] == 2
     assert drafter.feature_layers == tuple(dlite_layer_ids(tiny_target.num_layers, min(7, tiny_target.num_layers)))

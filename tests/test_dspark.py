@@ -147,7 +147,7 @@ def test_draft_cache_equals_rebuild_from_scratch(qwen3_target, tmp_path):
 
 
 def test_random_init_default(tiny_target):
-    drafter = build(tiny_target, {})
+    drafter = build(tiny_target, {"drafter": "random"})
     info = drafter.describe()
     assert info["weights"] == "random-init" and info["block_size"] == 7 and info["markov_rank"] == 256
     assert drafter.lm_head is tiny_target.lm_head and tiny_target.num_layers - 1 not in drafter.feature_layers
@@ -176,4 +176,4 @@ def test_mismatch_is_a_one_line_error(qwen3_target, tmp_path, change, message):
 
 def test_bad_threshold_is_refused(qwen3_target):
     with pytest.raises(UserError, match="confidence-threshold"):
-        build(qwen3_target, {"confidence_threshold": 1.5})
+        build(qwen3_target, {"drafter": "random", "confidence_threshold": 1.5})

@@ -346,15 +346,15 @@ def test_checkpoint_with_missing_weights_is_refused(tmp_path, targets):
 
 def test_random_init_default_follows_the_target(targets):
     target = targets["llama"]
-    drafter = build(target, {})
+    drafter = build(target, {"drafter": "random"})
     info = drafter.describe()
     assert info["weights"] == "random-init" and info["format"] == DEEPSPEC
     assert drafter.feature_layers == (1, 2, 3, 4, 5)
     assert info["hidden_size"] == target.hidden_size and info["intermediate_size"] == target.config.intermediate_size
     assert evenly_spaced_zlab(36, 5) == [1, 9, 17, 25, 33] and evenly_spaced_zlab(40, 5) == [1, 10, 19, 28, 37]
-    small = build(target, {"format": "specforge", "draft_vocab_size": 100})
+    small = build(target, {"drafter": "random", "format": "specforge", "draft_vocab_size": 100})
     assert small.feature_layers == (1, 3, 4) and small.model.lm_head.weight.shape == (100, HIDDEN)
-    again = build(target, {})
+    again = build(target, {"drafter": "random"})
     assert torch.equal(again.model.fc.weight, drafter.model.fc.weight)  # seeded
     reference = decode(target, AutoregressiveBaseline(target.device), PROMPT, max_new=24)
     assert decode(target, small, PROMPT, max_new=24).output_ids == reference.output_ids

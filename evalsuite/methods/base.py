@@ -80,6 +80,16 @@ class Drafter:
                 "feature_layers": list(self.feature_layers)}
 
 
+def common_prefix_len(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Length of the longest common prefix of two 1-D id tensors. A serving engine's prefix cache keeps exactly
+    this much of its KV across turns; the target's cache and the cache-keeping drafters do the same."""
+    n = min(a.numel(), b.numel())
+    if n == 0:
+        return 0
+    differ = (a[:n].to(b.device) != b[:n]).nonzero()
+    return int(differ[0]) if differ.numel() else n
+
+
 def tensor_bytes(*tensors: torch.Tensor | None) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 

@@ -48,7 +48,14 @@ class Checkpoint:
         return load_state_dict(self.path, device, dtype)
 
 
+RANDOM_INIT = "random"  # `--drafter METHOD=random`: an untrained drafter of the default size (cost studies)
+
+
 def drafter_source(method: str, options: dict) -> str | None:
+    """Checkpoint dir / HF id to load, or None for a random-init drafter: `--drafter` wins, then the shipped
+    default under baselines/drafters/<method>/, then random init."""
+    if options.get("drafter") == RANDOM_INIT:
+        return None
     if options.get("drafter"):
         return str(options["drafter"])
     default = DEFAULT_DRAFTER_ROOT / method

@@ -26,7 +26,7 @@ from transformers.activations import ACT2FN
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
 from evalsuite.errors import UserError
-from evalsuite.methods.base import Drafter, DraftState, Proposal, tensor_bytes
+from evalsuite.methods.base import Drafter, DraftState, Proposal, common_prefix_len, tensor_bytes
 
 INIT_STD = 0.02  # HF `initializer_range` default, used for random-init drafters
 
@@ -340,6 +340,7 @@ class ContextCacheDrafter(Drafter):
         self.feature_layers = tuple(feature_layers)
         self.device = device
         self.cache = ContextKVCache(len(model.layers))
+        self.ids = torch.empty(0, dtype=torch.long, device=device)  # the context, anchor last
         self.pending: torch.Tensor | None = None  # [m, S, H] features of positions cache.length … anchor_pos-1
         self.anchor = 0
         self.anchor_pos = 0
@@ -351,18 +352,24 @@ class ContextCacheDrafter(Drafter):
         first draft forward, whose time z-lab's benchmark excludes; here it is the engine's draft_prefill_s)."""
         if features is None or features.shape[0] != ids.numel() - 1:
             raise ValueError(f"{self.name}: start_turn needs features for every position before the anchor")
-        self.cache.reset()
+        # Rows whose context prefix is unchanged since the last turn keep their K/V (a context row's K/V depend
+        # only on its own target features, which depend only on the tokens up to it), as a serving engine's
+        # prefix cache would; only the rest is prefilled.
+        kept = min(common_prefix_len(self.ids, ids[:-1]), self.cache.length)
+        self.cache.crop(kept)
         self.pending = None
+        self.ids = ids.detach().clone()
         self.anchor = int(ids[-1])
         self.anchor_pos = ids.numel() - 1
-        if self.anchor_pos:
-            context = self.model.fuse(features.to(self.model.norm.weight.dtype))
-            self.model.extend_cache(context, torch.arange(self.anchor_pos, device=self.device), self.cache)
+        if self.anchor_pos > kept:
+            context = self.model.fuse(features[kept:].to(self.model.norm.weight.dtype))
+            self.model.extend_cache(context, torch.arange(kept, self.anchor_pos, device=self.device), self.cache)
 
     def commit(self, new_ids: torch.Tensor, new_features: torch.Tensor | None) -> None:
         if new_features is None or new_features.shape[0] != new_ids.numel():
             raise ValueError(f"{self.name}: commit needs one feature row per new token")
         self.pending = new_features if self.pending is None else torch.cat([self.pending, new_features])
+        self.ids = torch.cat([self.ids, new_ids.to(self.ids.device)])
         self.anchor = int(new_ids[-1])
         self.anchor_pos += new_ids.numel()
 

@@ -39,7 +39,7 @@ from transformers import LlamaConfig, PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from evalsuite.errors import UserError
-from evalsuite.methods.base import Drafter, DraftState, Proposal, Sampling, register, tensor_bytes
+from evalsuite.methods.base import Drafter, DraftState, Proposal, Sampling, common_prefix_len, register, tensor_bytes
 from evalsuite.methods.checkpoints import check_fit, drafter_source, load_checkpoint, load_weights
 from evalsuite.methods.draft_layers import (RMSNorm, SwiGLU, choose_token, evenly_spaced_zlab, init_random_,
                                             materialize, qwen3_config, rotate)
@@ -373,6 +373,7 @@ class Eagle3Drafter(Drafter):
         self.target_id_list: list[int] = self.target_ids.tolist()  # host copy: no device sync per drafted token
         self.cache = DraftKVCache(self.spec.num_key_value_heads, self.spec.head_dim, self.dtype, self.device)
         self.hidden: torch.Tensor | None = None  # un-normed output of the newest cache entry [1, H]
+        self.ids = torch.empty(0, dtype=torch.long, device=self.device)  # the context, anchor last
         self.length_before_proposal = 0
         self.working_bytes = 0
 
@@ -390,9 +391,14 @@ class Eagle3Drafter(Drafter):
     def start_turn(self, ids: torch.Tensor, features: torch.Tensor | None) -> None:
         if features is None or features.shape[0] != ids.numel() - 1:
             raise ValueError("eagle3 needs the target features of every context position before the anchor")
-        self.cache.crop(0)
+        # Entry i pairs feature i with token i+1, and its K/V depend on nothing else (one layer), so entries whose
+        # tokens up to i+1 are unchanged since the last turn are kept, as a serving engine's prefix cache would.
+        # The last entry is always recomputed: its output is the hidden state the first proposal starts from.
+        kept = max(min(common_prefix_len(self.ids, ids) - 1, self.cache.length, ids.numel() - 2), 0)
+        self.cache.crop(kept)
         self.hidden = None
-        self._extend(features, ids[1:])  # feature i pairs with token i+1
+        self.ids = ids.detach().clone()
+        self._extend(features[kept:], ids[kept + 1:])
         self.length_before_proposal = self.cache.length
 
     @torch.inference_mode()
@@ -401,6 +407,7 @@ class Eagle3Drafter(Drafter):
         # tokens paired with the target features of the anchor and the accepted drafts.
         self.cache.crop(self.length_before_proposal)
         self._extend(new_features, new_ids)
+        self.ids = torch.cat([self.ids, new_ids.to(self.ids.device)])
         self.length_before_proposal = self.cache.length
 
     # -- drafting --
