@@ -202,7 +202,9 @@ def train(
     set_: list[str] = typer.Option([], "--set", help="Recipe option KEY=VALUE (sizes, lr, batch; see the "
                                                      "recipe dataclasses in evalsuite/train/recipes/)."),
     seed: int = typer.Option(0, help="Prompt selection, split and batch seed."),
-    threads: Optional[int] = typer.Option(None, help="torch threads (default: torch's choice)."),
+    threads: Optional[int] = typer.Option(None, help="torch threads (default: torch's choice; 1 is far faster "
+                                                     "on a busy, oversubscribed CPU)."),
+    prepare_only: bool = typer.Option(False, help="Stop after prompts, replies and the feature cache."),
 ):
     """Train a drafter for a target on target-regenerated data; resumes after an interruption."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
@@ -225,7 +227,7 @@ def train(
         prompts=PromptOptions(num_prompts=num_prompts, seed=seed),
         generation=GenerationOptions(max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
                                      batch_size=gen_batch),
-        heldout_extra=list(heldout_extra), loop=LoopOptions(seed=seed, threads=threads),
+        heldout_extra=list(heldout_extra), loop=LoopOptions(seed=seed, threads=threads), prepare_only=prepare_only,
     )
 
     def bar():
@@ -233,6 +235,9 @@ def train(
                         TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=console, transient=False)
 
     result = run_training(request, Reporter(say=lambda text: console.print(text, highlight=False), progress=bar))
+    if prepare_only:
+        console.print(f"data ready: {result['data']}", highlight=False)
+        return
     losses = "; ".join(f"{stage}: " + ", ".join(f"{k} {v:.3f}" for k, v in terms.items())
                        for stage, terms in result["final_losses"].items())
     console.print(f"[bold]{method}[/] trained in {result['training_seconds'] / 60:.1f} min · final {losses} · "

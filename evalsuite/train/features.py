@@ -178,3 +178,40 @@ def build_features(target, sequences: list[Sequence], directory: Path, spec: Fea
             progress_path.write_text(json.dumps({"done": done}))
             progress(len(batch), sum(lengths[s] for s in batch))
     return FeatureCache(directory)
+
+
+def merge_feature_caches(parts: list[Path], directory: Path) -> FeatureCache:
+    """Concatenate finished caches built over consecutive slices of one sequence list (e.g. by parallel
+    workers) into one cache, as if one pass had built it."""
+    caches = [FeatureCache(p) for p in parts]
+    first = caches[0].meta
+    for cache in caches[1:]:
+        same = (cache.meta.layers, cache.meta.topk, cache.meta.target_sha256) == (first.layers, first.topk,
+                                                                                  first.target_sha256)
+        if not same:
+            raise UserError(f"{cache.directory}: built with other layers, top-K or target; cannot merge")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    total = sum(c.meta.num_tokens for c in caches)
+    offsets = np.concatenate([[0]] + [c.offsets[1:] + base for c, base in
+                                      zip(caches, np.cumsum([0] + [c.meta.num_tokens for c in caches[:-1]]))])
+    np.save(directory / "offsets.npy", offsets.astype(np.int64))
+    np.save(directory / "prompt_lens.npy", np.concatenate([c.prompt_lens for c in caches]))
+    np.save(directory / "tokens.npy", np.concatenate([np.asarray(c.tokens) for c in caches]))
+    for name in ("greedy", "topk_ids", "topk_probs", "hidden"):
+        head = getattr(caches[0], name)
+        out = np.lib.format.open_memmap(directory / f"{name}.npy", mode="w+", dtype=head.dtype,
+                                        shape=(total,) + head.shape[1:])
+        at = 0
+        for cache in caches:
+            block = getattr(cache, name)
+            out[at:at + block.shape[0]] = block
+            at += block.shape[0]
+        out.flush()
+    meta = FeatureMeta(**{**asdict(first), "num_sequences": sum(c.meta.num_sequences for c in caches),
+                          "num_tokens": total,
+                          "num_response_tokens": sum(c.meta.num_response_tokens for c in caches),
+                          "data_sha256": "merged:" + ",".join(c.meta.data_sha256[:12] for c in caches)})
+    (directory / "progress.json").write_text(json.dumps({"done": meta.num_sequences}))
+    (directory / "meta.json").write_text(json.dumps(asdict(meta), indent=1))
+    return FeatureCache(directory)

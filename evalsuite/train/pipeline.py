@@ -58,6 +58,7 @@ class TrainRequest:
     heldout_extra: list[Path] = field(default_factory=list)
     loop: LoopOptions = field(default_factory=LoopOptions)
     command: str = ""
+    prepare_only: bool = False  # stop after the feature cache (lets parallel trainings share a finished cache)
 
 
 @dataclass
@@ -166,11 +167,11 @@ def prepare_data(request: TrainRequest, target: TargetModel, target_sha: str, la
 def build_recipe(method: str, target: TargetModel, cache: FeatureCache, options, train_sequences: list[int]):
     target.model.requires_grad_(False)  # the target's embedding and lm_head are used frozen
     if method == "dlite":
-        return dlite_recipe.DLiteRecipe(target, cache, options)
+        return dlite_recipe.DLiteRecipe(target, cache, options, train_sequences)
     if method == "dflash":
-        return dflash_recipe.DFlashRecipe(target, cache, options)
+        return dflash_recipe.DFlashRecipe(target, cache, options, train_sequences)
     if method == "dspark":
-        return dspark_recipe.DSparkRecipe(target, cache, options)
+        return dspark_recipe.DSparkRecipe(target, cache, options, train_sequences)
     return eagle3_recipe.Eagle3Recipe(target, cache, options, train_sequences)
 
 
@@ -191,6 +192,8 @@ def train(request: TrainRequest, reporter: Reporter = Reporter()) -> dict:
     target_sha = weights_hash(target.model_dir)
     layers = all_feature_layers(target.num_layers, request.method, options)
     work, cache, data_stats = prepare_data(request, target, target_sha, layers, reporter, timings)
+    if request.prepare_only:
+        return {"data": data_stats, "timings_s": timings}
     train_seqs, val_seqs = split_sequences(cache, request.loop.val_fraction, request.loop.seed)
     recipe = build_recipe(request.method, target, cache, options, train_seqs)
     trainer = Trainer(request.out, cache, recipe.modules(), recipe.stages(steps), request.loop, recipe.validate,

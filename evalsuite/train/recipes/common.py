@@ -68,6 +68,35 @@ def block_targets(seq: SeqData, anchors: torch.Tensor, offsets: torch.Tensor) ->
             "topk_probs": seq.topk_probs[src], "valid": valid}
 
 
+def training_vocabulary(cache: FeatureCache, sequences: list[int], top: int) -> torch.Tensor:
+    """Every token that is among the target's `top` choices at some reply position of `sequences` (plus every
+    greedy label), sorted. The full-vocabulary recipes normalise their training softmax over this set: on CPU
+    the V × H lm_head product dominates a step, and tokens the target never ranks that high carry ~no mass."""
+    seen = np.zeros(cache.meta.vocab_size, dtype=bool)
+    for seq in sequences:
+        start, prompt_end, end = cache.span(seq)
+        lo = max(prompt_end - 1, start)
+        seen[np.asarray(cache.topk_ids[lo:end, :top]).reshape(-1)] = True
+        seen[np.asarray(cache.greedy[lo:end])] = True
+    return torch.from_numpy(np.flatnonzero(seen))
+
+
+class SubVocabulary:
+    """Logits over a training vocabulary and the mapping of targets into it (ids outside it get -1)."""
+
+    def __init__(self, vocab: torch.Tensor, vocab_size: int, device: torch.device):
+        self.ids = vocab.to(device)
+        self.index = torch.full((vocab_size,), -1, dtype=torch.long, device=device)
+        self.index[self.ids] = torch.arange(self.ids.numel(), device=device)
+
+    def targets(self, tgt: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Labels and top-K ids as sub-vocabulary indices; top-K entries outside it lose their probability."""
+        ids = self.index[tgt["topk_ids"]]
+        labels = self.index[tgt["labels"]]
+        return {**tgt, "labels": labels.clamp(min=0), "topk_ids": ids.clamp(min=0),
+                "topk_probs": tgt["topk_probs"] * (ids >= 0), "valid": tgt["valid"] & (labels >= 0)}
+
+
 class Recipe:
     """A method's training recipe. Subclasses set `method`, build their modules in __init__ and implement the
     hooks below."""

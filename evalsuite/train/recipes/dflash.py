@@ -24,7 +24,8 @@ from evalsuite.train.features import FeatureCache
 from evalsuite.train.forward import SharedContext, block_layers
 from evalsuite.train.loop import Batch, Stage
 from evalsuite.train.recipes.common import (
-    Recipe, SequenceReader, block_targets, chain_tau, param_count, qwen3_layer_config, save_checkpoint,
+    Recipe, SequenceReader, SubVocabulary, block_targets, chain_tau, param_count, qwen3_layer_config,
+    save_checkpoint, training_vocabulary,
 )
 
 
@@ -32,12 +33,13 @@ from evalsuite.train.recipes.common import (
 class DFlashOptions:
     layers: int = 2
     intermediate_size: int = 384
-    feature_layers: int = 4
+    feature_layers: int = 3
     block_size: int = 8  # anchor + 7 masks: 7 proposals
     gamma: float = 4.0
     lr: float = 6e-4
     batch_seqs: int = 8
     anchors_per_seq: int = 16
+    train_vocab_top: int = 8  # training softmax over tokens in the target's top-N somewhere (0 = full vocabulary)
     seed: int = 0
 
 
@@ -67,7 +69,7 @@ def block_hidden(model: FusedContextBackbone, embed: nn.Embedding, seq, anchors:
 class DFlashRecipe(Recipe):
     method = "dflash"
 
-    def __init__(self, target, cache: FeatureCache, options: DFlashOptions):
+    def __init__(self, target, cache: FeatureCache, options: DFlashOptions, train_sequences: list[int]):
         self.target = target
         self.options = options
         self.device = target.device
@@ -82,13 +84,22 @@ class DFlashRecipe(Recipe):
         self.read = SequenceReader(cache, self.ids, "dflash", self.device)
         self.offsets = torch.arange(1, options.block_size, device=self.device)
         self.weights = losses.position_weights(options.block_size - 1, options.gamma, self.device)
+        self.sub = None
+        if options.train_vocab_top > 0:
+            vocab = training_vocabulary(cache, train_sequences, options.train_vocab_top)
+            self.sub = SubVocabulary(vocab, target.vocab_size, self.device)
 
-    def _logits(self, batch: Batch):
+    def _logits(self, batch: Batch, full: bool = False):
+        """Per sequence: logits of the mask slots and their targets; over the training vocabulary unless
+        `full` (validation reads the full vocabulary, as the drafter does)."""
+        sub = None if full else self.sub
+        weight = self.lm_head.weight if sub is None else self.lm_head.weight[sub.ids]
         for seq_id, anchors in zip(batch.seqs, batch.anchors):
             seq = self.read(seq_id)
             anchors = torch.as_tensor(anchors, device=self.device)
             out = block_hidden(self.model, self.embed, seq, anchors, self.options.block_size, self.mask)
-            yield self.lm_head(out[:, 1:]), block_targets(seq, anchors, self.offsets)
+            tgt = block_targets(seq, anchors, self.offsets)
+            yield torch.nn.functional.linear(out[:, 1:], weight), tgt if sub is None else sub.targets(tgt)
 
     def loss(self, batch: Batch, fraction: float) -> dict[str, torch.Tensor]:
         total = 0.0
@@ -107,7 +118,7 @@ class DFlashRecipe(Recipe):
 
     def validate(self, batch: Batch) -> dict[str, float]:
         preds, labels, valid = [], [], []
-        for logits, tgt in self._logits(batch):
+        for logits, tgt in self._logits(batch, full=True):
             preds.append(logits.argmax(-1))
             labels.append(tgt["labels"])
             valid.append(tgt["valid"])
@@ -124,5 +135,6 @@ class DFlashRecipe(Recipe):
 
     def describe(self) -> dict:
         return {"options": asdict(self.options), "parameters": param_count(self.model),
+                "training_vocabulary": int(self.sub.ids.numel()) if self.sub is not None else self.target.vocab_size,
                 "target_layer_ids": list(self.ids), "mask_token": self.mask_how,
                 "embed_tokens": "target (frozen, not stored)", "lm_head": "target (frozen, not stored)"}

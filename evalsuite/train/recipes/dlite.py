@@ -33,7 +33,8 @@ from evalsuite.train.features import FeatureCache
 from evalsuite.train.forward import block_layers
 from evalsuite.train.loop import Batch, Stage
 from evalsuite.train.recipes.common import (
-    Recipe, SequenceReader, block_targets, chain_tau, param_count, qwen3_layer_config, save_checkpoint,
+    Recipe, SequenceReader, SubVocabulary, block_targets, chain_tau, param_count, qwen3_layer_config,
+    save_checkpoint, training_vocabulary,
 )
 
 
@@ -56,6 +57,7 @@ class DLiteOptions:
     batch_seqs: int = 8
     anchors_per_seq: int = 16
     single_stage: bool = False
+    train_vocab_top: int = 8  # training softmax over tokens in the target's top-N somewhere (0 = full vocabulary)
     seed: int = 0
 
 
@@ -63,9 +65,10 @@ def feature_layers(num_target_layers: int, options: DLiteOptions = DLiteOptions(
     return tuple(dlite_layer_ids(num_target_layers, min(options.chs_num_layers, num_target_layers)))
 
 
-def rnn_logits(head: SequentialHead, hidden: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
-    """The RNN head over a block, batched and teacher-forced: hidden [A, K, H], prev [A, K] → logits [A, K, V].
-    Same recurrence as `SequentialHead.step` (state 0 at the start, G=1)."""
+def rnn_logits(head: SequentialHead, hidden: torch.Tensor, prev: torch.Tensor,
+               rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The RNN head over a block, batched and teacher-forced: hidden [A, K, H], prev [A, K] → logits [A, K, V]
+    (or over the vocabulary `rows` only). Same recurrence as `SequentialHead.step` (state 0 at the start, G=1)."""
     state = hidden.new_zeros(hidden.shape[0], head.rank)
     latents = []
     for k in range(hidden.shape[1]):
@@ -74,7 +77,8 @@ def rnn_logits(head: SequentialHead, hidden: torch.Tensor, prev: torch.Tensor) -
         gate = torch.sigmoid(gate_raw)
         state = gate * state + (1.0 - gate) * torch.tanh(candidate)
         latents.append(head.state_hidden_mlp(torch.cat([state, hidden[:, k]], dim=-1)))
-    return head.output_proj(torch.stack(latents, dim=1))
+    weight = head.output_proj.weight if rows is None else head.output_proj.weight[rows]
+    return torch.nn.functional.linear(torch.stack(latents, dim=1), weight)
 
 
 class DLiteTeacher(nn.Module):
@@ -90,7 +94,7 @@ class DLiteTeacher(nn.Module):
 class DLiteRecipe(Recipe):
     method = "dlite"
 
-    def __init__(self, target, cache: FeatureCache, options: DLiteOptions):
+    def __init__(self, target, cache: FeatureCache, options: DLiteOptions, train_sequences: list[int]):
         self.target = target
         self.options = options
         self.device = target.device
@@ -114,6 +118,12 @@ class DLiteRecipe(Recipe):
         self.depth_ids = torch.tensor(ids, device=self.device)
         self.offsets = torch.arange(1, options.block_size, device=self.device)
         self.weights = losses.position_weights(options.block_size - 1, options.gamma, self.device)
+        self.sub = None  # set: training logits over the training vocabulary; None: full (validation)
+        self.train_sub = None
+        if options.train_vocab_top > 0:
+            vocab = training_vocabulary(cache, train_sequences, options.train_vocab_top)
+            self.train_sub = SubVocabulary(vocab, target.vocab_size, self.device)
+        self.sub = self.train_sub
 
     # ---- forwards ----------------------------------------------------------------------------------------------
     def _queries(self, seq, anchors: torch.Tensor) -> torch.Tensor:
@@ -133,27 +143,32 @@ class DLiteRecipe(Recipe):
         positions = block_positions(1, self.options.block_size, S, self.device)
         out = block_layers(m, self._queries(seq, anchors), positions[S:].expand(A, -1), own=slots,
                            own_pos=positions[:S].expand(A, -1))
-        return rnn_logits(m.sequential_head, out[:, 1:], prev)
+        return rnn_logits(m.sequential_head, out[:, 1:], prev, self._rows())
+
+    def _rows(self):
+        return self.sub.ids if self.sub is not None else None
 
     def teacher_logits(self, seq, anchors: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
         t = self.teacher
         W, B = self.options.history_window, self.options.block_size
         hist_pos = anchors[:, None] - W + torch.arange(W, device=self.device)[None]  # a-W … a-1
-        rows = seq.hidden[hist_pos.clamp(min=0)][:, :, self.history_slots]  # [A, W, 3, H]
-        history = t.history_norm(t.history_fc(rows.flatten(2)))
+        last = int(anchors.max())
+        fused = t.history_norm(t.history_fc(seq.hidden[:last, self.history_slots].flatten(1)))  # once per sequence
+        history = fused[hist_pos.clamp(min=0)]  # [A, W, H]
         slots = self._slots(t.core, seq, anchors)
         A, S = slots.shape[0], slots.shape[1]
         own = torch.cat([history, slots], dim=1)
         own_pos = torch.cat([hist_pos.clamp(min=0), (anchors - 1)[:, None].expand(A, S)], dim=1)
         block_pos = anchors[:, None] + torch.arange(B, device=self.device)[None]
         out = block_layers(t.core, self._queries(seq, anchors), block_pos, own=own, own_pos=own_pos)
-        return rnn_logits(t.core.sequential_head, out[:, 1:], prev)
+        return rnn_logits(t.core.sequential_head, out[:, 1:], prev, self._rows())
 
     def _per_sequence(self, batch: Batch):
         for seq_id, anchors in zip(batch.seqs, batch.anchors):
             seq = self.read(seq_id)
             anchors = torch.as_tensor(anchors, device=self.device)
-            yield seq, anchors, block_targets(seq, anchors, self.offsets)
+            tgt = block_targets(seq, anchors, self.offsets)
+            yield seq, anchors, tgt if self.sub is None else self.sub.targets(tgt)
 
     # ---- losses ------------------------------------------------------------------------------------------------
     def _mean_terms(self, batch: Batch, fn) -> dict[str, torch.Tensor]:
@@ -237,6 +252,13 @@ class DLiteRecipe(Recipe):
         ]
 
     def validate(self, batch: Batch) -> dict[str, float]:
+        self.sub = None  # the drafter argmaxes over the full vocabulary
+        try:
+            return self._validate(batch)
+        finally:
+            self.sub = self.train_sub
+
+    def _validate(self, batch: Batch) -> dict[str, float]:
         preds, labels, valid, t_preds = [], [], [], []
         for seq, anchors, tgt in self._per_sequence(batch):
             preds.append(self.student_logits(seq, anchors, tgt["prev"]).argmax(-1))
@@ -267,6 +289,7 @@ class DLiteRecipe(Recipe):
 
     def describe(self) -> dict:
         return {"options": asdict(self.options), "student_parameters": param_count(self.student),
+                "training_vocabulary": int(self.train_sub.ids.numel()) if self.train_sub else self.target.vocab_size,
                 "teacher_parameters": param_count(self.teacher) if self.teacher is not None else 0,
                 "target_layer_ids": list(self.settings.target_layer_ids), "mask_token": self.mask_how,
                 "embed_tokens": "target (frozen, not stored)", "lm_head": "own rank-R RNN head"}

@@ -26,7 +26,8 @@ from evalsuite.train import losses
 from evalsuite.train.features import FeatureCache
 from evalsuite.train.loop import Batch, Stage
 from evalsuite.train.recipes.common import (
-    Recipe, SequenceReader, block_targets, chain_tau, param_count, qwen3_layer_config, save_checkpoint,
+    Recipe, SequenceReader, SubVocabulary, block_targets, chain_tau, param_count, qwen3_layer_config,
+    save_checkpoint, training_vocabulary,
 )
 from evalsuite.train.recipes.dflash import block_hidden, zlab_feature_layers
 
@@ -35,7 +36,7 @@ from evalsuite.train.recipes.dflash import block_hidden, zlab_feature_layers
 class DSparkOptions:
     layers: int = 2
     intermediate_size: int = 384
-    feature_layers: int = 4
+    feature_layers: int = 3
     block_size: int = 7  # 7 slots, all predicting: 7 proposals
     markov_rank: int = 8
     gamma: float = 4.0
@@ -45,6 +46,7 @@ class DSparkOptions:
     lr: float = 6e-4
     batch_seqs: int = 8
     anchors_per_seq: int = 16
+    train_vocab_top: int = 8  # training softmax over tokens in the target's top-N somewhere (0 = full vocabulary)
     seed: int = 0
 
 
@@ -55,7 +57,7 @@ def feature_layers(num_target_layers: int, options: DSparkOptions = DSparkOption
 class DSparkRecipe(Recipe):
     method = "dspark"
 
-    def __init__(self, target, cache: FeatureCache, options: DSparkOptions):
+    def __init__(self, target, cache: FeatureCache, options: DSparkOptions, train_sequences: list[int]):
         self.target = target
         self.options = options
         self.device = target.device
@@ -73,22 +75,31 @@ class DSparkRecipe(Recipe):
         self.read = SequenceReader(cache, ids, "dspark", self.device)
         self.offsets = torch.arange(1, options.block_size + 1, device=self.device)  # slot j → a+j+1
         self.weights = losses.position_weights(options.block_size, options.gamma, self.device)
+        self.sub = None
+        if options.train_vocab_top > 0:
+            vocab = training_vocabulary(cache, train_sequences, options.train_vocab_top)
+            self.sub = SubVocabulary(vocab, target.vocab_size, self.device)
 
-    def _outputs(self, batch: Batch):
+    def _outputs(self, batch: Batch, full: bool = False):
+        """Per sequence: corrected logits (over the training vocabulary unless `full`), confidence logits and
+        targets. The Markov bias is added before the softmax, over the same rows."""
         m = self.model
+        sub = None if full else self.sub
+        head_w = self.lm_head.weight if sub is None else self.lm_head.weight[sub.ids]
         for seq_id, anchors in zip(batch.seqs, batch.anchors):
             seq = self.read(seq_id)
             anchors = torch.as_tensor(anchors, device=self.device)
             hidden = block_hidden(m, self.embed, seq, anchors, self.options.block_size, self.layout.mask_token_id)
             tgt = block_targets(seq, anchors, self.offsets)
-            logits = self.lm_head(hidden)
+            logits = torch.nn.functional.linear(hidden, head_w)
             features = hidden
             if self.layout.markov_rank:
                 e = m.markov_head.markov_w1(tgt["prev"])  # the previous token, x_a for slot 0
-                logits = logits + m.markov_head.markov_w2(e)
+                w2 = m.markov_head.markov_w2.weight
+                logits = logits + torch.nn.functional.linear(e, w2 if sub is None else w2[sub.ids])
                 if self.layout.confidence_with_markov:
                     features = torch.cat([hidden, e], dim=-1)
-            yield logits, m.confidence_head(features), tgt
+            yield logits, m.confidence_head(features), tgt if sub is None else sub.targets(tgt)
 
     def loss(self, batch: Batch, fraction: float) -> dict[str, torch.Tensor]:
         o = self.options
@@ -113,7 +124,7 @@ class DSparkRecipe(Recipe):
 
     def validate(self, batch: Batch) -> dict[str, float]:
         preds, labels, valid, conf_err = [], [], [], []
-        for logits, confidence, tgt in self._outputs(batch):
+        for logits, confidence, tgt in self._outputs(batch, full=True):
             preds.append(logits.argmax(-1))
             labels.append(tgt["labels"])
             valid.append(tgt["valid"])
@@ -137,6 +148,7 @@ class DSparkRecipe(Recipe):
 
     def describe(self) -> dict:
         return {"options": asdict(self.options), "parameters": param_count(self.model),
+                "training_vocabulary": int(self.sub.ids.numel()) if self.sub is not None else self.target.vocab_size,
                 "target_layer_ids": list(self.layout.target_layer_ids), "mask_token": self.mask_how,
                 "embed_tokens": "target's (not stored; the loader falls back to the target's)",
                 "lm_head": "target's (not stored; the loader falls back to the target's)"}

@@ -35,7 +35,7 @@ from evalsuite.train.recipes.common import Recipe, SequenceReader, chain_tau, pa
 
 @dataclass(frozen=True)
 class Eagle3Options:
-    intermediate_size: int = 512
+    intermediate_size: int = 320
     draft_vocab_size: int = 2048
     ttt_steps: int = 7
     step_decay: float = 0.8

@@ -1,0 +1,57 @@
+"""The trained default drafters shipped in baselines/drafters/: present, within the size budget, hashes recorded in
+their model cards; (integration) they load for the default target and accept on held-out GSM8K samples."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from evalsuite.methods.checkpoints import DEFAULT_DRAFTER_ROOT, checkpoint_sha256, detect_method, read_config
+from evalsuite.target import file_sha256
+
+METHODS = ("dlite", "dflash", "dspark", "eagle3")
+BUDGET_BYTES = 40_000_000  # all shipped drafters together
+
+
+def test_each_method_ships_a_released_format_checkpoint_with_its_card():
+    for method in METHODS:
+        directory = DEFAULT_DRAFTER_ROOT / method
+        for name in ("config.json", "model.safetensors", "MODEL_CARD.md", "training_report.json"):
+            assert (directory / name).exists(), f"{method}: {name} missing"
+        assert detect_method(read_config(directory)) == method
+
+
+def test_the_cards_record_the_shipped_hashes():
+    for method in METHODS:
+        directory = DEFAULT_DRAFTER_ROOT / method
+        card = (directory / "MODEL_CARD.md").read_text()
+        recorded = re.search(r"drafter sha256 .*?`([0-9a-f]{64})`", card).group(1)
+        assert recorded == checkpoint_sha256(directory), method
+        assert file_sha256(directory / "model.safetensors") in card, method
+        report = json.loads((directory / "training_report.json").read_text())
+        assert report["checkpoint_sha256"] == recorded and report["method"] == method
+
+
+def test_the_shipped_drafters_fit_the_size_budget():
+    total = sum((DEFAULT_DRAFTER_ROOT / m / "model.safetensors").stat().st_size for m in METHODS)
+    assert total <= BUDGET_BYTES, total
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("method", METHODS)
+def test_a_three_sample_gsm8k_run_with_the_shipped_drafter_accepts(tmp_path, method):
+    from evalsuite.cli import app
+    from evalsuite.report_summary import summary_rows
+
+    out = tmp_path / method
+    result = CliRunner().invoke(app, ["run", "--method", method, "--task", "gsm8k", "--limit", "3",
+                                      "--max-new-tokens", "64", "--k", "7", "--out", str(out)],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    run = json.loads((out / "run.json").read_text())
+    assert run["drafter_sha256"][method] == checkpoint_sha256(DEFAULT_DRAFTER_ROOT / method)  # no flag needed
+    row = next(r for r in summary_rows(out) if r["method"] == method)
+    assert row["tau"] > 1.5, row
