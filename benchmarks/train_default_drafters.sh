@@ -10,9 +10,11 @@ COMMON=(--target default --data sharegpt --work-dir "$WORK" --num-prompts 1200 -
         --heldout-extra ../shared/data --threads 1)
 mkdir -p "$OUT"
 nice -n 10 evalsuite train --method dlite --out "$OUT/dlite" --prepare-only "${COMMON[@]}"  # data + features once
-nice -n 10 evalsuite train --method dlite  --out "$OUT/dlite"  --steps 270 "${COMMON[@]}" &
-nice -n 10 evalsuite train --method dlite  --out "$OUT/dlite-single-stage" --steps 270 --set single_stage=true "${COMMON[@]}" &
-nice -n 10 evalsuite train --method dflash --out "$OUT/dflash" --steps 270 "${COMMON[@]}" &
-nice -n 10 evalsuite train --method dspark --out "$OUT/dspark" --steps 270 "${COMMON[@]}" &
-nice -n 10 evalsuite train --method eagle3 --out "$OUT/eagle3" --steps 180 --set batch_seqs=2 "${COMMON[@]}" &
+B=(--set batch_seqs=4 --set anchors_per_seq=16)
+nice -n 10 evalsuite train --method dlite  --out "$OUT/dlite"  --steps 600 "${B[@]}" "${COMMON[@]}" &
+nice -n 10 evalsuite train --method dlite  --out "$OUT/dlite-single-stage" --steps 600 "${B[@]}" --set single_stage=true \
+  "${COMMON[@]}" &
+nice -n 10 evalsuite train --method dflash --out "$OUT/dflash" --steps 500 "${B[@]}" "${COMMON[@]}" &
+nice -n 10 evalsuite train --method dspark --out "$OUT/dspark" --steps 500 "${B[@]}" "${COMMON[@]}" &
+nice -n 10 evalsuite train --method eagle3 --out "$OUT/eagle3" --steps 250 --set batch_seqs=1 "${COMMON[@]}" &
 wait

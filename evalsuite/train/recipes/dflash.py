@@ -25,7 +25,7 @@ from evalsuite.train.forward import SharedContext, block_layers
 from evalsuite.train.loop import Batch, Stage
 from evalsuite.train.recipes.common import (
     Recipe, SequenceReader, SubVocabulary, block_targets, chain_tau, param_count, qwen3_layer_config,
-    save_checkpoint, training_vocabulary,
+    feature_rms, save_checkpoint, scale_fusion_init_, target_final_norm, training_vocabulary,
 )
 
 
@@ -36,7 +36,7 @@ class DFlashOptions:
     feature_layers: int = 3
     block_size: int = 8  # anchor + 7 masks: 7 proposals
     gamma: float = 4.0
-    lr: float = 6e-4
+    lr: float = 2e-3
     batch_seqs: int = 8
     anchors_per_seq: int = 16
     train_vocab_top: int = 8  # training softmax over tokens in the target's top-N somewhere (0 = full vocabulary)
@@ -80,6 +80,9 @@ class DFlashRecipe(Recipe):
         torch.manual_seed(options.seed)
         self.model = FusedContextBackbone(cfg, len(self.ids)).to(self.device)
         init_random_(self.model, options.seed)
+        with torch.no_grad():  # outputs feed the target's lm_head: start from the target's final norm scale
+            self.model.norm.weight.copy_(target_final_norm(target))
+        scale_fusion_init_(self.model.fc, feature_rms(cache, cache.layer_index(self.ids, "dflash"), train_sequences))
         self.embed, self.lm_head = target.embed_tokens, target.lm_head
         self.read = SequenceReader(cache, self.ids, "dflash", self.device)
         self.offsets = torch.arange(1, options.block_size, device=self.device)

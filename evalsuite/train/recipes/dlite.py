@@ -33,8 +33,8 @@ from evalsuite.train.features import FeatureCache
 from evalsuite.train.forward import block_layers
 from evalsuite.train.loop import Batch, Stage
 from evalsuite.train.recipes.common import (
-    Recipe, SequenceReader, SubVocabulary, block_targets, chain_tau, param_count, qwen3_layer_config,
-    save_checkpoint, training_vocabulary,
+    Recipe, SequenceReader, SubVocabulary, block_targets, chain_tau, feature_rms, lm_head_factors, param_count,
+    qwen3_layer_config, save_checkpoint, scale_fusion_init_, target_final_norm, training_vocabulary,
 )
 
 
@@ -52,8 +52,8 @@ class DLiteOptions:
     teacher_fraction: float = 0.35
     distill_fraction: float = 0.25
     blend_fraction: float = 0.2
-    teacher_lr: float = 4e-4
-    lr: float = 5e-4
+    teacher_lr: float = 2e-3
+    lr: float = 2e-3
     batch_seqs: int = 8
     anchors_per_seq: int = 16
     single_stage: bool = False
@@ -79,6 +79,20 @@ def rnn_logits(head: SequentialHead, hidden: torch.Tensor, prev: torch.Tensor,
         latents.append(head.state_hidden_mlp(torch.cat([state, hidden[:, k]], dim=-1)))
     weight = head.output_proj.weight if rows is None else head.output_proj.weight[rows]
     return torch.nn.functional.linear(torch.stack(latents, dim=1), weight)
+
+
+def init_from_target(model: DLiteModel, target) -> None:
+    """Start the RNN head as a rank-R copy of the target's lm_head: output_proj = U Σ^{1/2}, the hidden part of
+    state_hidden_mlp = Σ^{1/2} Vᵀ (the state part 0), and the final norm = the target's, so the first logits are
+    the target head's rank-R approximation on the drafter's output. The papers train from scratch over many
+    more steps; on a CPU budget of a few hundred steps this start is what makes the head usable."""
+    head = model.sequential_head
+    A, B = lm_head_factors(target, head.rank)
+    with torch.no_grad():
+        head.output_proj.weight.copy_(A)
+        head.state_hidden_mlp.weight.zero_()
+        head.state_hidden_mlp.weight[:, head.rank:].copy_(B)
+        model.norm.weight.copy_(target_final_norm(target))
 
 
 class DLiteTeacher(nn.Module):
@@ -111,6 +125,15 @@ class DLiteRecipe(Recipe):
         if not options.single_stage:
             self.teacher = DLiteTeacher(cfg, self.settings).to(self.device)
             init_random_(self.teacher, options.seed + 1)
+        slot_rms = feature_rms(cache, cache.layer_index(ids, "dlite"), train_sequences, normalize=True)
+        for model in [self.student] + ([self.teacher.core] if self.teacher is not None else []):
+            init_from_target(model, target)
+            with torch.no_grad():  # slots start standardised: RMSNorm, then each dimension divided by its scale
+                model.context_norm.weight.copy_(1.0 / slot_rms.pow(2).mean(0).sqrt())
+        if self.teacher is not None:
+            history_rms = feature_rms(cache, cache.layer_index([ids[i] for i in (0, len(ids) // 2, len(ids) - 1)],
+                                                               "dlite"), train_sequences)
+            scale_fusion_init_(self.teacher.history_fc, history_rms)
         self.embed = target.embed_tokens
         self.read = SequenceReader(cache, ids, "dlite", self.device)
         # history fusion reads the first, middle and last of the CHS layers

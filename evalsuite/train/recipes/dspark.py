@@ -27,7 +27,7 @@ from evalsuite.train.features import FeatureCache
 from evalsuite.train.loop import Batch, Stage
 from evalsuite.train.recipes.common import (
     Recipe, SequenceReader, SubVocabulary, block_targets, chain_tau, param_count, qwen3_layer_config,
-    save_checkpoint, training_vocabulary,
+    feature_rms, save_checkpoint, scale_fusion_init_, target_final_norm, training_vocabulary,
 )
 from evalsuite.train.recipes.dflash import block_hidden, zlab_feature_layers
 
@@ -43,7 +43,7 @@ class DSparkOptions:
     ce_weight: float = 0.1
     l1_weight: float = 0.9
     confidence_weight: float = 1.0
-    lr: float = 6e-4
+    lr: float = 2e-3
     batch_seqs: int = 8
     anchors_per_seq: int = 16
     train_vocab_top: int = 8  # training softmax over tokens in the target's top-N somewhere (0 = full vocabulary)
@@ -71,6 +71,9 @@ class DSparkRecipe(Recipe):
         torch.manual_seed(options.seed)
         self.model = DeepSpecBlockModel(cfg, self.layout, own_embed=False, own_head=False).to(self.device)
         init_random_(self.model, options.seed)
+        with torch.no_grad():  # outputs feed the target's lm_head: start from the target's final norm scale
+            self.model.norm.weight.copy_(target_final_norm(target))
+        scale_fusion_init_(self.model.fc, feature_rms(cache, cache.layer_index(ids, "dspark"), train_sequences))
         self.embed, self.lm_head = target.embed_tokens, target.lm_head
         self.read = SequenceReader(cache, ids, "dspark", self.device)
         self.offsets = torch.arange(1, options.block_size + 1, device=self.device)  # slot j → a+j+1

@@ -30,7 +30,10 @@ from evalsuite.train import losses
 from evalsuite.train.features import FeatureCache
 from evalsuite.train.forward import eagle3_ttt
 from evalsuite.train.loop import Batch, Stage
-from evalsuite.train.recipes.common import Recipe, SequenceReader, chain_tau, param_count, save_checkpoint
+from evalsuite.train.recipes.common import (
+    Recipe, SequenceReader, chain_tau, feature_rms, param_count, save_checkpoint, scale_fusion_init_,
+    target_final_norm,
+)
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ class Eagle3Options:
     draft_vocab_size: int = 2048
     ttt_steps: int = 7
     step_decay: float = 0.8
-    lr: float = 6e-4
+    lr: float = 2e-3
     batch_seqs: int = 4
     seed: int = 0
 
@@ -83,9 +86,13 @@ class Eagle3Recipe(Recipe):
         model.share_embedding(target.embed_tokens)
         vocab = draft_vocabulary(cache, train_sequences, options.draft_vocab_size, target.vocab_size)
         with torch.no_grad():
+            # start the draft head from the target's rows of its lm_head and its final norm scale
+            model.lm_head.weight.copy_(target.lm_head.weight[vocab.to(target.lm_head.weight.device)])
+            model.norm.weight.copy_(target_final_norm(target))
             model.d2t.copy_(vocab - torch.arange(vocab.numel()))
             model.t2d.zero_()
             model.t2d[vocab] = True
+        scale_fusion_init_(model.fc, feature_rms(cache, cache.layer_index(self.ids, "eagle3"), train_sequences))
         self.model = model
         self.to_draft = torch.full((target.vocab_size,), -1, dtype=torch.long, device=self.device)
         self.to_draft[vocab.to(self.device)] = torch.arange(vocab.numel(), device=self.device)
