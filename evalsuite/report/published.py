@@ -87,7 +87,8 @@ def comparison_table(results: Results, summary: pd.DataFrame, published: pd.Data
                             "source": group.source.iloc[0], "notes": "; ".join(sorted(set(group.get("notes", [])))),
                             "target_differs": target_differs(ours_target, their_target)})
     notes = []
-    for ours, theirs in sorted(differing):
+    for ours in sorted({o for o, _ in differing}):
+        theirs = ", ".join(sorted({t for o, t in differing if o == ours}))
         notes.append(f"THE TARGETS DIFFER: ours is {ours}, theirs is {theirs}. Different target, drafter "
                      "checkpoints, hardware and data: these numbers are shown side by side for orientation, "
                      "not as a like-for-like comparison")
