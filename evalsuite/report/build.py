@@ -119,8 +119,9 @@ def runs_table(results: Results) -> Table:
             "max_new_tokens": c.get("max_new_tokens"), "samples": len(c.get("sample_ids", [])),
             "seed": c.get("seed"), "replay": c.get("replay"), "context_policy": c.get("context_policy"),
             "enable_thinking": c.get("enable_thinking"), "dtype": c.get("dtype"), "device": c.get("device"),
-            "drafters": "; ".join(f"{m}: {d.get('checkpoint')}" for m, d in (c.get("drafters") or {}).items()
-                                  if d.get("checkpoint")) or "none",
+            "drafters": "; ".join(f"{m}: {d.get('checkpoint') or d.get('weights')}"
+                                  for m, d in (c.get("drafters") or {}).items()
+                                  if d.get("checkpoint") or d.get("weights")) or "none",
         })
     shortened = {"target_sha256", "chat_template_sha256"}
     fields = [k for k in records[0] if k != "run"]
