@@ -52,7 +52,8 @@ def write_model_card(out_dir: Path, report: dict, config: dict) -> Path:
         "rest at the max-new-tokens cap",
         f"- held-out list: every registered evaluation task's samples "
         f"({json.dumps(heldout['samples_per_task'], sort_keys=True)}), rule: {heldout['rule']}; "
-        f"tasks whose data was unavailable: {json.dumps(heldout['unavailable_tasks'])}",
+        f"tasks whose data was unavailable offline (so none of it can be in the training data either): "
+        f"{', '.join(sorted(heldout['unavailable_tasks'])) or 'none'}",
         f"- target features: layers {report.get('feature_layers', recipe.get('target_layer_ids'))}, fp16, top-"
         f"{report.get('topk', 32)} target distribution per position",
         "",

@@ -214,7 +214,7 @@ def train(request: TrainRequest, reporter: Reporter = Reporter()) -> dict:
         "validation_history": history.val, "training_seconds": history.seconds, "timings_s": timings,
         "data": data_stats, "recipe": recipe.describe(), "loop": asdict(request.loop),
         "command": request.command or shlex.join(["evalsuite"] + sys.argv[1:]),
-        "torch_threads": torch.get_num_threads(), "data_sources": request.data, "feature_layers": list(layers),
+        "torch_threads": torch.get_num_threads(), "data_sources": request.data, "feature_layers": list(cache.layers),
         "topk": request.topk, "generation": asdict(request.generation),
     }
     write_json(Path(request.out) / "training_report.json", report)

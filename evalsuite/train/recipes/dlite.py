@@ -57,7 +57,7 @@ class DLiteOptions:
     batch_seqs: int = 8
     anchors_per_seq: int = 16
     single_stage: bool = False
-    train_vocab_top: int = 8  # training softmax over tokens in the target's top-N somewhere (0 = full vocabulary)
+    train_vocab_top: int = 0  # >0: training softmax over tokens in the target's top-N somewhere (0 = full vocabulary)
     seed: int = 0
 
 

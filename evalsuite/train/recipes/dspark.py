@@ -46,7 +46,7 @@ class DSparkOptions:
     lr: float = 2e-3
     batch_seqs: int = 8
     anchors_per_seq: int = 16
-    train_vocab_top: int = 8  # training softmax over tokens in the target's top-N somewhere (0 = full vocabulary)
+    train_vocab_top: int = 0  # >0: training softmax over tokens in the target's top-N somewhere (0 = full vocabulary)
     seed: int = 0
 
 
