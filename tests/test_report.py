@@ -289,3 +289,11 @@ def test_longbench_subset_matches_the_published_shard(tmp_path):
     table = comparison_table(results, summary, load_published(PUBLISHED_DIR))
     assert set(table.csv.their_target) == {"Qwen3-4B", "Qwen3-8B"}
     assert table.csv.their_speedup.notna().all() and table.csv.their_tau.isna().all()
+
+
+def test_an_unfinished_run_is_named(tmp_path):
+    run = write_run(tmp_path / "part", "gsm8k", {"alpha": {"s1": [turn([(3, 1)])]}},
+                    sample_ids=["s1", "s2", "s3"])
+    notes = load_results([run]).notes
+    assert notes == [f"part: alpha finished 1 of the 3 selected samples (finish it with `evalsuite run ... "
+                     f"--out {run} --resume`)"]

@@ -98,7 +98,7 @@ def load_results(paths: list[Path], allow_mixed: bool = False) -> Results:
         raise UserError(f"{mixed[0]}; these runs are not comparable. Pass --allow-mixed to merge them anyway")
     steps_all = pd.concat(steps, ignore_index=True)
     turns_all = pd.concat(turns, ignore_index=True)
-    notes = []
+    notes = [note for info, run_turns in zip(runs, turns) for note in _unfinished(info, run_turns)]
     steps_all, turns_all = _drop_duplicate_pairs(steps_all, turns_all, runs, notes)
     return Results(steps_all, turns_all, runs, mixed, notes)
 
@@ -130,6 +130,18 @@ def _differences(runs: list[RunInfo], names: tuple[str, ...], scope: str) -> lis
 
 def _listing(values: dict) -> str:
     return ", ".join(f"{value!r} in {key}" for key, value in values.items())
+
+
+def _unfinished(info: RunInfo, turns: pd.DataFrame) -> list[str]:
+    """A run stopped part-way holds fewer trajectories than its run.json selected; say so per method."""
+    selected = set(info.config.get("sample_ids") or [])
+    notes = []
+    for method in info.config.get("methods") or []:
+        done = set(turns[turns.method == method].sample_id)
+        if selected and len(done) < len(selected):
+            notes.append(f"{info.key}: {method} finished {len(done)} of the {len(selected)} selected samples "
+                         f"(finish it with `evalsuite run ... --out {info.path} --resume`)")
+    return notes
 
 
 def _drop_duplicate_pairs(steps, turns, runs, notes):
