@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 
 from evalsuite.report import stats
 from evalsuite.report.load import Results
+from evalsuite.report.tables import human_bytes
 from evalsuite.runner import BASELINE
 
 STYLE = {"font.size": 10, "axes.axisbelow": True, "axes.spines.top": False, "axes.spines.right": False,
@@ -63,8 +64,8 @@ def write_figures(results: Results, summary: pd.DataFrame, directory: Path, seed
          "Conditional P(j accepted | 1..j-1 accepted) and marginal P(1..j all accepted); only steps that drafted at "
          "least j tokens count at position j.", lambda: _per_position(drafting, methods, palette)),
         ("draft_cost_vs_context", "Draft time and draft-state memory against context length",
-         "Mean draft time per step and mean draft-state bytes per log-spaced context bin. A history-free drafter "
-         "(DLite) should stay flat.", lambda: _cost_vs_context(drafting, methods, palette)),
+         "Mean draft time per step and mean draft-state bytes (log scale; 0 B not drawn) per log-spaced context "
+         "bin. A history-free drafter (DLite) should stay flat.", lambda: _cost_vs_context(drafting, methods, palette)),
         ("speedup_per_task", "Speedup per task",
          "Paired AR decode time per token / method decode time per token, pooled over turns; error bars: 95 % "
          "trajectory bootstrap CI; dashed line: AR.", lambda: _speedup_per_task(summary, methods, results.tasks,
@@ -201,13 +202,17 @@ def _cost_vs_context(steps, methods, palette) -> Figure | None:
         means = cell.assign(bin=bins).groupby("bin")[["draft_s", "draft_state_bytes"]].mean()
         x = centers[means.index.to_numpy()]
         axes[0].plot(x, 1e3 * means.draft_s, marker="o", color=palette(method), label=method)
-        axes[1].plot(x, means.draft_state_bytes / 1024, marker="o", color=palette(method), label=method)
+        state = means.draft_state_bytes.where(means.draft_state_bytes > 0)  # a log axis cannot show 0 B
+        axes[1].plot(x, state, marker="o", color=palette(method), label=method)
     axes[0].set_ylabel("draft ms / step")
-    axes[1].set_ylabel("draft-state KiB")
+    axes[0].set_ylim(bottom=0)
+    axes[1].set_ylabel("draft-state memory (log scale)")
+    axes[1].set_yscale("log", base=2)
+    axes[1].yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=4))  # 1 KiB, 4 KiB, 16 KiB, …
+    axes[1].yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: human_bytes(v)))
     for ax in axes:
         _context_axis(ax, centers)
         ax.set_xlabel("context length (tokens)")
-        ax.set_ylim(bottom=0)
     _legend(figure, axes)
     return figure
 
