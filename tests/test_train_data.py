@@ -71,3 +71,13 @@ def test_bad_training_records_are_one_line_errors(tmp_path):
         data.load_jsonl_conversations(path)
     with pytest.raises(UserError, match="no such file"):
         data.select_prompts([str(tmp_path / "missing.jsonl")], data.HeldOut(), data.PromptOptions())
+
+
+def test_the_shipped_drafters_training_prompts_avoid_every_evaluation_sample(heldout):
+    from evalsuite.methods.checkpoints import DEFAULT_DRAFTER_ROOT
+
+    prompts = data.PromptSet.read(DEFAULT_DRAFTER_ROOT / "training-prompts.jsonl")
+    assert len(prompts) == 400
+    for conv in prompts:
+        for _, text in conv.messages:
+            assert not heldout.overlaps(text.removesuffix(data.MATH_SUFFIX)), conv.conv_id
