@@ -8,8 +8,8 @@ that when no checkpoint is given), so the numbers measure cost, not quality. For
 2. `start_turn` absorbs the n-token context (timed together with the first proposal, since some drafters
    defer that work to it);
 3. a loop of warm-up + timed steps, the methods taking turns: `propose(K)` (the engine's draft time), then
-   `commit` of one token (the bonus only, with the target feature of the old anchor; timed separately, as
-   the engine counts it outside the draft time, and added for the per-step draft cost: some drafters do
+   `commit` of one token (the bonus only, with the target feature of the old anchor; timed separately and
+   added for the per-step draft cost, as the engine's draft_s counts propose + commit: some drafters do
    their cache extension there, others in the next proposal);
 4. `state_bytes()` after the last step: `history` (grows with the context: draft KV, cached features) and
    `working` (per-step scratch).
