@@ -53,10 +53,23 @@ def _parse_drafters(values: list[str], methods: list[str]) -> dict[str, str]:
     return found
 
 
+def _infer_auto_method(methods: list[str], drafters: list[str]) -> list[str]:
+    """`--method auto --drafter PATH`: the method is read from the checkpoint's config.json."""
+    if "auto" not in methods:
+        return methods
+    from evalsuite.methods.checkpoints import detect_method, read_config, resolve_checkpoint_dir
+
+    paths = [d for d in drafters if "=" not in d or Path(d).exists()]
+    if len(paths) != 1:
+        raise UserError("--method auto needs exactly one --drafter PATH to read the method from")
+    found = detect_method(read_config(resolve_checkpoint_dir(paths[0])))
+    return [found if m == "auto" else m for m in methods]
+
+
 @app.command()
 @friendly_errors
 def run(
-    method: str = typer.Option("ngram", "--method", "-m", help="Comma-separated methods, e.g. dlite,eagle3,ngram,ar."),
+    method: str = typer.Option("ngram", "--method", "-m", help="Comma-separated methods, e.g. dlite,eagle3,ngram,ar; 'auto' reads it from --drafter's config.json."),
     task: str = typer.Option("gsm8k", "--task", "-t", help="Task name (see `evalsuite tasks`)."),
     target: str = typer.Option("default", help="Target: 'default' (embedded SmolLM2-135M-Instruct), a local dir or an HF id."),
     drafter: list[str] = typer.Option([], help="Drafter checkpoint: PATH or METHOD=PATH (dir or HF id)."),
@@ -85,7 +98,7 @@ def run(
     from evalsuite.report_summary import summary_rows
     from evalsuite.runner import Progress as RunProgress, Runner
 
-    methods = [m.strip() for m in method.split(",") if m.strip()]
+    methods = _infer_auto_method([m.strip() for m in method.split(",") if m.strip()], drafter)
     options = {}
     if confidence_threshold is not None:
         options["dspark"] = {"confidence_threshold": confidence_threshold}

@@ -189,3 +189,16 @@ def test_sigkill_then_resume_loses_and_duplicates_nothing(tmp_path, tiny_llama_d
     steps = load_steps(interrupted)
     assert not steps.duplicated(["method", "sample_id", "turn", "step"]).any()
     assert len(steps) == len(load_steps(reference))
+
+
+def test_method_auto_reads_the_checkpoint(tiny_target, tmp_path):
+    """`--method auto --drafter DIR` picks the method from config.json (a released-format DLite checkpoint)."""
+    from evalsuite.cli import _infer_auto_method
+    from evalsuite.errors import UserError
+    from tests.block_drafter_kit import dlite_checkpoint, zlab_checkpoint
+
+    dlite = dlite_checkpoint(tmp_path / "dlite", tiny_target)
+    assert _infer_auto_method(["auto", "ngram"], [str(dlite)]) == ["dlite", "ngram"]
+    assert _infer_auto_method(["auto"], [str(zlab_checkpoint(tmp_path / "zlab", tiny_target))]) == ["dflash"]
+    with pytest.raises(UserError, match="exactly one --drafter"):
+        _infer_auto_method(["auto"], [])

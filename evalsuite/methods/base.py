@@ -55,7 +55,7 @@ class DraftState:
 
 
 class Drafter:
-    """Base class: a drafter that proposes nothing (the `ar` baseline behaves exactly like this)."""
+    """Base class of every drafter; subclasses implement `propose` and whichever hooks they need."""
 
     name: ClassVar[str] = "base"
     feature_layers: tuple[int, ...] = ()  # target layer ids this drafter reads (HF convention: j → hidden_states[j+1])
