@@ -18,7 +18,7 @@ from evalsuite.errors import UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Speculative decoding under agentic workloads.")
 console = Console(stderr=True)
-out = Console()
+out = Console(width=None if sys.stdout.isatty() else 160)  # piped output: wide enough for the summary table
 
 
 def friendly_errors(func):
