@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 from platformdirs import user_cache_dir
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from evalsuite.errors import UserError
 

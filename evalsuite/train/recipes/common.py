@@ -14,7 +14,7 @@ from torch import nn
 
 from evalsuite.errors import UserError
 from evalsuite.train.features import FeatureCache
-from evalsuite.train.loop import Batch, LoopOptions, Stage
+from evalsuite.train.loop import Batch, Stage
 
 STORAGE_DTYPE = torch.float16  # shipped weights: half the bytes of fp32; loaders cast to the target dtype
 
