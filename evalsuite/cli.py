@@ -40,7 +40,11 @@ def friendly_errors(func):
 
 def _parse_drafters(values: list[str], methods: list[str]) -> dict[str, str]:
     """`--drafter PATH` (one non-baseline method) or `--drafter method=PATH`."""
-    learned = [m for m in methods if m not in ("ar", "ngram")]
+    from evalsuite.methods.base import METHODS, get_method
+
+    for name in methods:
+        get_method(name)  # registers every method; an unknown name is a one-line error here
+    learned = [m for m in methods if METHODS[m].needs_checkpoint]
     found = {}
     for value in values:
         if "=" in value and not Path(value).exists():

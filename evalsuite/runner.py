@@ -101,6 +101,7 @@ class Runner:
     def load(self) -> None:
         self.store.prepare()
         self.target = TargetModel.load(self.config.target, self.config.device, self.config.dtype)
+        self._clock = DeviceClock(self.target.device)
         for info in self.method_infos:
             options = dict(self.config.method_options.get(info.name, {}))
             if info.name in self.config.drafters:
@@ -234,10 +235,6 @@ class Runner:
         return steps, turns
 
     # ---- pieces ----------------------------------------------------------------------------------------------
-    @property
-    def _clock(self) -> DeviceClock:
-        return DeviceClock(self.target.device)
-
     def _render(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         """Through the target's own template; tools and tool messages fall back to text where it has no support."""
         messages, tools = fit_to_template(messages, tools, self.target.chat_template or "")
