@@ -209,6 +209,9 @@ def train(
                                                     "MODEL_CARD.md; train_state.pt for resuming)."),
     steps: Optional[int] = typer.Option(None, help="Optimizer steps in all (default per method)."),
     num_prompts: int = typer.Option(1200, help="Training prompts to select (after held-out filtering)."),
+    math_prompts: int = typer.Option(400, help="Extra math-like first-turn prompts taken from the rest of the "
+                                               "pool after the main selection (word problems are rare in "
+                                               "ShareGPT)."),
     max_new_tokens: int = typer.Option(256, help="Reply length cap when the target regenerates the replies."),
     max_prompt_tokens: int = typer.Option(384, help="Longer rendered prompts are skipped."),
     gen_batch: int = typer.Option(32, help="Prompts per batched generate call."),
@@ -241,7 +244,7 @@ def train(
     request = TrainRequest(
         method=method, target=target, data=[d.strip() for d in data.split(",") if d.strip()], out=out_dir,
         work_dir=work_dir, steps=steps, overrides=overrides,
-        prompts=PromptOptions(num_prompts=num_prompts, seed=seed),
+        prompts=PromptOptions(num_prompts=num_prompts, seed=seed, extra_math_prompts=math_prompts),
         generation=GenerationOptions(max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
                                      batch_size=gen_batch),
         heldout_extra=list(heldout_extra), loop=LoopOptions(seed=seed, threads=threads), prepare_only=prepare_only,

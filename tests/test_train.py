@@ -119,3 +119,19 @@ def test_an_interrupted_run_resumes_to_the_same_weights(setup, tmp_path):
     for key in reference:
         for name, value in reference[key].items():
             torch.testing.assert_close(resumed[key][name], value, rtol=0, atol=0, msg=f"{key}.{name}")
+
+
+def test_the_dlite_head_warm_start_learns_the_targets_greedy_tokens(setup, tmp_path):
+    import dataclasses
+
+    from evalsuite.train.recipes.common import fit_low_rank_head, lm_head_factors
+
+    train(dataclasses.replace(request(setup, "dlite", tmp_path / "unused"), prepare_only=True))
+    target, cache, _, train_seqs = _recipe(setup, "dlite")
+    last = cache.layers[-1]
+    A, B = lm_head_factors(target, 8)
+    untouched = fit_low_rank_head(cache, train_seqs, last, A.clone(), B.clone(), steps=0)
+    fitted = fit_low_rank_head(cache, train_seqs, last, A, B, steps=200, batch=64)
+    assert fitted["last_loss"] < 0.8 * fitted["first_loss"]
+    assert fitted["held_back_greedy_accuracy"] > untouched["held_back_greedy_accuracy"]
+    assert not A.requires_grad and not B.requires_grad

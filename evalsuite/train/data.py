@@ -65,6 +65,9 @@ class PromptOptions:
     second_turn_fraction: float = 0.15  # share of prompts taken at the 2nd user turn (logged 1st reply as history)
     max_chars: int = 2500  # per message; longer ones are dropped rather than cut mid-sentence
     min_ascii: float = 0.9  # the default target is an English model
+    # After the main selection, this many more math-like first-turn prompts from the rest of the pool: ShareGPT is
+    # ~4 % word problems, and GSM8K-style replies are what the GSM8K evaluation asks the drafters to predict.
+    extra_math_prompts: int = 0
 
 
 # ---- sources ---------------------------------------------------------------------------------------------------
@@ -306,11 +309,17 @@ def select_prompts(sources: list[str], heldout: HeldOut, options: PromptOptions)
     seen: set[str] = set()
     stats = {"pool": len(pool), "dropped_heldout": 0, "dropped_unusable": 0, "duplicates": 0, "math_like": 0,
              "second_turn": 0}
+    stats["extra_math"] = 0
+    main_done = False
     for source, cid, turns in pool:
         if len(chosen) >= options.num_prompts:
+            main_done = True
+        if main_done and stats["extra_math"] >= options.extra_math_prompts:
             break
+        if main_done and not is_math_like(turns[0][1] if turns and turns[0][0] == "user" else ""):
+            continue
         user_turns = [i for i, (role, _) in enumerate(turns) if role == "user"]
-        second = len(user_turns) >= 2 and rng.random() < options.second_turn_fraction
+        second = not main_done and len(user_turns) >= 2 and rng.random() < options.second_turn_fraction
         prefix = turns[: user_turns[1] + 1] if second else turns[:1]
         if not all(_usable(content, options) for _, content in prefix):
             stats["dropped_unusable"] += 1
@@ -328,8 +337,10 @@ def select_prompts(sources: list[str], heldout: HeldOut, options: PromptOptions)
             prefix = prefix[:-1] + [(last_role, last_text + MATH_SUFFIX)]
             stats["math_like"] += 1
         stats["second_turn"] += int(second)
+        stats["extra_math"] += int(main_done)
         chosen.append(Conversation(f"{source}-{cid}-t{2 if second else 1}", source, tuple(prefix)))
     stats["chosen"] = len(chosen)
+    stats["main_selection"] = len(chosen) - stats["extra_math"]
     if not chosen:
         raise UserError("no training prompts left after filtering; add --data sources")
     return PromptSet(chosen, stats)

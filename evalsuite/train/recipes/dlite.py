@@ -33,7 +33,8 @@ from evalsuite.train.features import FeatureCache
 from evalsuite.train.forward import block_layers
 from evalsuite.train.loop import Batch, Stage
 from evalsuite.train.recipes.common import (
-    Recipe, SequenceReader, SubVocabulary, block_targets, chain_tau, feature_rms, lm_head_factors, param_count,
+    Recipe, SequenceReader, SubVocabulary, block_targets, chain_tau, feature_rms, fit_low_rank_head,
+    lm_head_factors, param_count,
     qwen3_layer_config, save_checkpoint, scale_fusion_init_, target_final_norm, training_vocabulary,
 )
 
@@ -58,6 +59,7 @@ class DLiteOptions:
     anchors_per_seq: int = 16
     single_stage: bool = False
     train_vocab_top: int = 0  # >0: training softmax over tokens in the target's top-N somewhere (0 = full vocabulary)
+    head_warm_start_steps: int = 1500  # fit the rank-R head on the target's last hidden states first (0: SVD only)
     seed: int = 0
 
 
@@ -81,13 +83,13 @@ def rnn_logits(head: SequentialHead, hidden: torch.Tensor, prev: torch.Tensor,
     return torch.nn.functional.linear(torch.stack(latents, dim=1), weight)
 
 
-def init_from_target(model: DLiteModel, target) -> None:
-    """Start the RNN head as a rank-R copy of the target's lm_head: output_proj = U Σ^{1/2}, the hidden part of
-    state_hidden_mlp = Σ^{1/2} Vᵀ (the state part 0), and the final norm = the target's, so the first logits are
-    the target head's rank-R approximation on the drafter's output. The papers train from scratch over many
-    more steps; on a CPU budget of a few hundred steps this start is what makes the head usable."""
+def init_from_target(model: DLiteModel, target, factors: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """Start the RNN head as a rank-R head of the target: output_proj = A, the hidden part of state_hidden_mlp = B
+    (the state part 0), and the final norm = the target's, so the first logits are A B h on the drafter's output.
+    A, B default to the truncated SVD of the target's lm_head (U Σ^{1/2}, Σ^{1/2} Vᵀ); the recipe passes the
+    factors after `fit_low_rank_head`. The papers train the head from scratch over far more steps."""
     head = model.sequential_head
-    A, B = lm_head_factors(target, head.rank)
+    A, B = factors if factors is not None else lm_head_factors(target, head.rank)
     with torch.no_grad():
         head.output_proj.weight.copy_(A)
         head.state_hidden_mlp.weight.zero_()
@@ -126,8 +128,13 @@ class DLiteRecipe(Recipe):
             self.teacher = DLiteTeacher(cfg, self.settings).to(self.device)
             init_random_(self.teacher, options.seed + 1)
         slot_rms = feature_rms(cache, cache.layer_index(ids, "dlite"), train_sequences, normalize=True)
+        A, B = lm_head_factors(target, options.rank)
+        self.head_fit = {"steps": 0}
+        if options.head_warm_start_steps > 0:
+            self.head_fit = fit_low_rank_head(cache, train_sequences, ids[-1], A, B, options.head_warm_start_steps,
+                                              seed=options.seed)
         for model in [self.student] + ([self.teacher.core] if self.teacher is not None else []):
-            init_from_target(model, target)
+            init_from_target(model, target, (A.detach(), B.detach()))
             with torch.no_grad():  # slots start standardised: RMSNorm, then each dimension divided by its scale
                 model.context_norm.weight.copy_(1.0 / slot_rms.pow(2).mean(0).sqrt())
         if self.teacher is not None:
@@ -315,4 +322,5 @@ class DLiteRecipe(Recipe):
                 "training_vocabulary": int(self.train_sub.ids.numel()) if self.train_sub else self.target.vocab_size,
                 "teacher_parameters": param_count(self.teacher) if self.teacher is not None else 0,
                 "target_layer_ids": list(self.settings.target_layer_ids), "mask_token": self.mask_how,
+                "head_warm_start": self.head_fit,
                 "embed_tokens": "target (frozen, not stored)", "lm_head": "own rank-R RNN head"}
