@@ -242,7 +242,7 @@ def fit_low_rank_head(cache: FeatureCache, sequences: list[int], last_layer: int
         for group in opt.param_groups:
             group["lr"] = lr * 0.5 * (1.0 + math.cos(math.pi * step / max(steps, 1)))
         opt.step()
-        losses_seen.append(float(loss))
+        losses_seen.append(float(loss.detach()))
     A.requires_grad_(False)
     B.requires_grad_(False)
     with torch.no_grad():
