@@ -62,6 +62,22 @@ def test_math_like_prompts_get_the_evaluation_format(tmp_path, heldout):
     assert selected.conversations[0].messages[-1][1].endswith(data.MATH_SUFFIX)
 
 
+def test_extra_math_prompts_come_after_an_unchanged_main_selection(tmp_path, heldout):
+    path = tmp_path / "mixed.jsonl"
+    chat = [{"prompt": f"Tell me a short story about a {animal} who learns to sing."}
+            for animal in ("cat", "dog", "fox", "owl", "bee", "elk")]
+    math = [{"prompt": f"A shop sells {n} pens each day. How many pens does it sell in {n + 3} days?"}
+            for n in range(2, 6)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in chat + math))
+    main = data.select_prompts([str(path)], heldout, data.PromptOptions(num_prompts=3))
+    more = data.select_prompts([str(path)], heldout, data.PromptOptions(num_prompts=3, extra_math_prompts=2))
+    assert more.conversations[:3] == main.conversations
+    extra = more.conversations[3:]
+    assert len(extra) == 2 and more.stats["extra_math"] == 2 and more.stats["main_selection"] == 3
+    assert all(c.messages[-1][1].endswith(data.MATH_SUFFIX) for c in extra)
+    assert not {c.conv_id for c in extra} & {c.conv_id for c in main.conversations}
+
+
 def test_bad_training_records_are_one_line_errors(tmp_path):
     from evalsuite.errors import UserError
 
