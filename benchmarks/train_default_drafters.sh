@@ -19,7 +19,7 @@ evalsuite train --method dlite --out "$OUT/dlite" --steps 3000 "${B[@]}" "${DATA
 evalsuite train --method dlite --out "$OUT/dlite-single-stage" --steps 3000 --set single_stage=true "${B[@]}" \
   "${DATA[@]}" &
 wait
-evalsuite train --method dflash --out "$OUT/dflash" --steps 700 "${B[@]}" "${DATA[@]}" &
+evalsuite train --method dflash --out "$OUT/dflash" --steps 350 "${B[@]}" "${DATA[@]}" &
 evalsuite train --method dspark --out "$OUT/dspark" --steps 1000 "${B[@]}" "${DATA[@]}" &
 evalsuite train --method eagle3 --out "$OUT/eagle3" --steps 2500 --set batch_seqs=1 --threads 1 "${DATA[@]}" &
 wait

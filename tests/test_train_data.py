@@ -93,7 +93,7 @@ def test_the_shipped_drafters_training_prompts_avoid_every_evaluation_sample(hel
     from evalsuite.methods.checkpoints import DEFAULT_DRAFTER_ROOT
 
     prompts = data.PromptSet.read(DEFAULT_DRAFTER_ROOT / "training-prompts.jsonl")
-    assert len(prompts) == 400
+    assert len(prompts) == 1344
     for conv in prompts:
         for _, text in conv.messages:
             assert not heldout.overlaps(text.removesuffix(data.MATH_SUFFIX)), conv.conv_id
