@@ -308,8 +308,7 @@ def select_prompts(sources: list[str], heldout: HeldOut, options: PromptOptions)
     chosen: list[Conversation] = []
     seen: set[str] = set()
     stats = {"pool": len(pool), "dropped_heldout": 0, "dropped_unusable": 0, "duplicates": 0, "math_like": 0,
-             "second_turn": 0}
-    stats["extra_math"] = 0
+             "second_turn": 0, "extra_math": 0}
     main_done = False
     for source, cid, turns in pool:
         if len(chosen) >= options.num_prompts:

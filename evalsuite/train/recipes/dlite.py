@@ -83,13 +83,12 @@ def rnn_logits(head: SequentialHead, hidden: torch.Tensor, prev: torch.Tensor,
     return torch.nn.functional.linear(torch.stack(latents, dim=1), weight)
 
 
-def init_from_target(model: DLiteModel, target, factors: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+def init_from_target(model: DLiteModel, target, A: torch.Tensor, B: torch.Tensor) -> None:
     """Start the RNN head as a rank-R head of the target: output_proj = A, the hidden part of state_hidden_mlp = B
     (the state part 0), and the final norm = the target's, so the first logits are A B h on the drafter's output.
-    A, B default to the truncated SVD of the target's lm_head (U Σ^{1/2}, Σ^{1/2} Vᵀ); the recipe passes the
-    factors after `fit_low_rank_head`. The papers train the head from scratch over far more steps."""
+    A, B come from `lm_head_factors` (truncated SVD), refined by `fit_low_rank_head` unless the warm start is
+    off. The papers train the head from scratch over far more steps."""
     head = model.sequential_head
-    A, B = factors if factors is not None else lm_head_factors(target, head.rank)
     with torch.no_grad():
         head.output_proj.weight.copy_(A)
         head.state_hidden_mlp.weight.zero_()
@@ -134,7 +133,7 @@ class DLiteRecipe(Recipe):
             self.head_fit = fit_low_rank_head(cache, train_sequences, ids[-1], A, B, options.head_warm_start_steps,
                                               seed=options.seed)
         for model in [self.student] + ([self.teacher.core] if self.teacher is not None else []):
-            init_from_target(model, target, (A.detach(), B.detach()))
+            init_from_target(model, target, A, B)
             with torch.no_grad():  # slots start standardised: RMSNorm, then each dimension divided by its scale
                 model.context_norm.weight.copy_(1.0 / slot_rms.pow(2).mean(0).sqrt())
         if self.teacher is not None:
