@@ -2,7 +2,8 @@
 # Held-out evaluation of the shipped default drafters (T=0, K=7), the DLite draft-length sweep and the DLite
 # two-stage vs single-stage ablation, as run for baselines/drafters/README.md (runs in baselines/drafters/eval-runs).
 # GSM8K and MT-Bench samples are never trained on (docs/training.md). Two streams of runs at once, one torch
-# thread each; every speedup is paired turn by turn with the `ar` of its own run.
+# thread each, on an otherwise idle 2-core machine; every speedup is paired turn by turn with the `ar` of its
+# own run. Run it on a quiet machine: a training job on the other core slows the verify forwards unevenly.
 # Usage: bash benchmarks/eval_default_drafters.sh OUT_ROOT [SINGLE_STAGE_DLITE_DIR]
 set -euo pipefail
 OUT=${1:-runs/eval-default}

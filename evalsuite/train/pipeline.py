@@ -40,7 +40,8 @@ METHODS = {
     "dspark": (dspark_recipe.DSparkOptions, dspark_recipe.feature_layers),
     "eagle3": (eagle3_recipe.Eagle3Options, eagle3_recipe.feature_layers),
 }
-DEFAULT_STEPS = {"dlite": 1500, "dflash": 1000, "dspark": 1000, "eagle3": 600}
+# the shipped default drafters' schedules (baselines/drafters/README.md): each under an hour on one core
+DEFAULT_STEPS = {"dlite": 6000, "dflash": 1800, "dspark": 4000, "eagle3": 2500}
 
 
 @dataclass

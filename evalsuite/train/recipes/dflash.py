@@ -37,9 +37,11 @@ class DFlashOptions:
     block_size: int = 8  # anchor + 7 masks: 7 proposals
     gamma: float = 4.0
     lr: float = 2e-3
-    batch_seqs: int = 8
+    batch_seqs: int = 4
     anchors_per_seq: int = 16
-    train_vocab_top: int = 0  # >0: training softmax over tokens in the target's top-N somewhere (0 = full vocabulary)
+    # training softmax over the tokens in the target's top-N somewhere (0 = full vocabulary); safe here because
+    # the lm_head is the target's, frozen (docs/training.md, "Training vocabulary")
+    train_vocab_top: int = 8
     seed: int = 0
 
 

@@ -55,7 +55,7 @@ class DLiteOptions:
     blend_fraction: float = 0.2
     teacher_lr: float = 2e-3
     lr: float = 2e-3
-    batch_seqs: int = 8
+    batch_seqs: int = 4
     anchors_per_seq: int = 16
     single_stage: bool = False
     train_vocab_top: int = 0  # >0: training softmax over tokens in the target's top-N somewhere (0 = full vocabulary)

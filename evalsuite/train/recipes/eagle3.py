@@ -43,7 +43,7 @@ class Eagle3Options:
     ttt_steps: int = 7
     step_decay: float = 0.8
     lr: float = 2e-3
-    batch_seqs: int = 4
+    batch_seqs: int = 1
     seed: int = 0
 
 
