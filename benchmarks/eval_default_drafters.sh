@@ -15,10 +15,11 @@ ALL=ar,dlite,eagle3,dflash,dspark
   "${RUN[@]}" --method $ALL --task gsm8k --limit 10 --k 7 --out "$OUT/gsm8k-k7"
   "${RUN[@]}" --method $ALL --task mt-bench --limit 4 --k 7 --out "$OUT/mtbench-k7"
 ) &
-(  # DLite only: the draft-length sweep and the single-stage ablation
+(  # the DLite draft-length sweep, the other three at k=3 (the fastest k here) and the single-stage ablation
   for k in 2 3 4; do
     "${RUN[@]}" --method ar,dlite --task gsm8k --limit 10 --k "$k" --out "$OUT/gsm8k-dlite-k$k"
   done
+  "${RUN[@]}" --method ar,eagle3,dflash,dspark --task gsm8k --limit 10 --k 3 --out "$OUT/gsm8k-k3"
   if [ -n "$ABLATION" ]; then
     "${RUN[@]}" --method ar,dlite --drafter "dlite=$ABLATION" --task gsm8k --limit 10 --k 7 \
       --out "$OUT/gsm8k-dlite-single-stage"
@@ -29,5 +30,5 @@ ALL=ar,dlite,eagle3,dflash,dspark
 wait
 python -m evalsuite.train.card baselines/drafters/dlite "$OUT/gsm8k-k7" "$OUT/mtbench-k7" "$OUT"/gsm8k-dlite-k[234]
 for m in eagle3 dflash dspark; do
-  python -m evalsuite.train.card "baselines/drafters/$m" "$OUT/gsm8k-k7" "$OUT/mtbench-k7"
+  python -m evalsuite.train.card "baselines/drafters/$m" "$OUT/gsm8k-k7" "$OUT/mtbench-k7" "$OUT/gsm8k-k3"
 done
