@@ -55,3 +55,17 @@ def test_a_three_sample_gsm8k_run_with_the_shipped_drafter_accepts(tmp_path, met
     assert run["drafter_sha256"][method] == checkpoint_sha256(DEFAULT_DRAFTER_ROOT / method)  # no flag needed
     row = next(r for r in summary_rows(out) if r["method"] == method)
     assert row["tau"] > 1.5, row
+
+
+def test_the_training_defaults_reproduce_the_shipped_recipes():
+    """`evalsuite train --method M` with no --steps/--set trains what baselines/drafters/M ships."""
+    from dataclasses import asdict
+
+    from evalsuite.train.pipeline import DEFAULT_STEPS
+    from evalsuite.train.pipeline import METHODS as RECIPES
+
+    for method in METHODS:
+        report = json.loads((DEFAULT_DRAFTER_ROOT / method / "training_report.json").read_text())
+        options_type, _ = RECIPES[method]
+        assert report["steps"] == DEFAULT_STEPS[method], method
+        assert report["recipe"]["options"] == asdict(options_type()), method
