@@ -2,7 +2,7 @@
 
 Speculative decoding pays off only when (draft + verify of k+1 tokens) / τ < one decode step. On a CPU the
 verify cost ratio, not the GPU's "k+1 tokens for the price of one", decides the best k. This prints, for block
-sizes 1 … 9 at a fixed context length, the mean target forward time and its ratio to the one-token forward,
+sizes 1 … 9 at a fixed context length, the median target forward time and its ratio to the one-token forward,
 plus the share spent in the lm_head product, for the thread count torch uses (set OMP_NUM_THREADS).
 
 Usage: python benchmarks/verify_cost.py [--target default] [--context 256] [--repeats 20] [--max-block 9]
