@@ -86,6 +86,8 @@ def run(
     seed: int = typer.Option(0, help="Subset selection and sampling seed."),
     device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
     dtype: Optional[str] = typer.Option(None, help="float32 (default) or bfloat16 (CUDA only)."),
+    weight_layout: str = typer.Option("auto", help="auto | row-major | column-major: the target's Linear weight "
+                                      "storage (auto: column-major on CPU, where MKL's small-row GEMMs are faster)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Run directory (default results/<run_id>)."),
     resume: bool = typer.Option(False, help="Skip (method, sample) pairs already finished in --out."),
     replay: str = typer.Option("auto", help="auto | logged | free: history for later turns."),
@@ -108,7 +110,7 @@ def run(
         options["dspark"] = {"confidence_threshold": confidence_threshold}
     config = RunConfig(
         methods=methods, task=task, target=target, drafters=_parse_drafters(drafter, methods), device=device,
-        dtype=dtype, k=k, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
+        dtype=dtype, weight_layout=weight_layout, k=k, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
         limit=limit, seed=seed, resume=resume, replay=replay, context_policy=context_policy, max_turns=max_turns,
         enable_thinking=enable_thinking, data_path=data_path, subset=subset, warmup=warmup, method_options=options,
     )

@@ -26,6 +26,7 @@ class RunConfig:
     drafters: dict[str, str] = field(default_factory=dict)  # method → checkpoint dir or HF id
     device: str = "cpu"
     dtype: str | None = None
+    weight_layout: str = "auto"  # the target's Linear weight storage (TargetModel.load); resolved in run.json
     k: int = 7
     temperature: float = 0.0
     top_p: float = 1.0
@@ -70,7 +71,8 @@ class RunConfig:
 
 # Fields whose change makes two runs' numbers incomparable; --resume refuses to mix them.
 DRIFT_FIELDS = ("target_sha256", "chat_template_sha256", "enable_thinking", "temperature", "top_p", "top_k", "k",
-                "max_new_tokens", "seed", "task", "replay", "context_policy", "dtype", "drafter_sha256")
+                "max_new_tokens", "seed", "task", "replay", "context_policy", "dtype", "weight_layout",
+                "drafter_sha256")
 
 
 def package_versions() -> dict[str, str]:

@@ -100,7 +100,8 @@ class Runner:
     # ---- set-up ---------------------------------------------------------------------------------------------
     def load(self) -> None:
         self.store.prepare()
-        self.target = TargetModel.load(self.config.target, self.config.device, self.config.dtype)
+        self.target = TargetModel.load(self.config.target, self.config.device, self.config.dtype,
+                                       self.config.weight_layout)
         self._clock = DeviceClock(self.target.device)
         for info in self.method_infos:
             options = dict(self.config.method_options.get(info.name, {}))
@@ -125,6 +126,7 @@ class Runner:
             "run_id": self.run_id,
             "replay": self.replay,
             "dtype": str(target.dtype).removeprefix("torch."),
+            "weight_layout": target.weight_layout,
             "target_name": target.name,
             "target_path": target.model_dir,
             "target_sha256": _cached_weights_hash(target.model_dir),

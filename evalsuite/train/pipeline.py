@@ -41,7 +41,7 @@ METHODS = {
     "eagle3": (eagle3_recipe.Eagle3Options, eagle3_recipe.feature_layers),
 }
 # the shipped default drafters' schedules (baselines/drafters/README.md): each under an hour on one core
-DEFAULT_STEPS = {"dlite": 6000, "dflash": 1800, "dspark": 4000, "eagle3": 2500}
+DEFAULT_STEPS = {"dlite": 6000, "dflash": 4400, "dspark": 4000, "eagle3": 2500}
 
 
 @dataclass
@@ -189,7 +189,8 @@ def train(request: TrainRequest, reporter: Reporter = Reporter()) -> dict:
         torch.set_num_threads(request.loop.threads)
     timings: dict[str, float] = {}
     with _timed(timings, "load_target_s"):
-        target = TargetModel.load(request.target)
+        # row-major: training gathers lm_head rows (the training vocabulary), which column-major storage scatters
+        target = TargetModel.load(request.target, weight_layout="row-major")
     target_sha = weights_hash(target.model_dir)
     layers = all_feature_layers(target.num_layers, request.method, options)
     work, cache, data_stats = prepare_data(request, target, target_sha, layers, reporter, timings)
