@@ -14,8 +14,12 @@ ALL=ar,dlite,eagle3,dflash,dspark
 (  # all four shipped drafters side by side
   "${RUN[@]}" --method $ALL --task gsm8k --limit 10 --k 7 --out "$OUT/gsm8k-k7"
   "${RUN[@]}" --method $ALL --task mt-bench --limit 4 --k 7 --out "$OUT/mtbench-k7"
+  if [ -n "$ABLATION" ]; then
+    "${RUN[@]}" --method ar,dlite --drafter "dlite=$ABLATION" --task mt-bench --limit 4 --k 7 \
+      --out "$OUT/mtbench-dlite-single-stage"
+  fi
 ) &
-(  # the DLite draft-length sweep, the other three at k=3 (the fastest k here) and the single-stage ablation
+(  # the DLite draft-length sweep, the other three at k=3 (the fastest k here) and the GSM8K ablation run
   for k in 2 3 4; do
     "${RUN[@]}" --method ar,dlite --task gsm8k --limit 10 --k "$k" --out "$OUT/gsm8k-dlite-k$k"
   done
@@ -23,8 +27,6 @@ ALL=ar,dlite,eagle3,dflash,dspark
   if [ -n "$ABLATION" ]; then
     "${RUN[@]}" --method ar,dlite --drafter "dlite=$ABLATION" --task gsm8k --limit 10 --k 7 \
       --out "$OUT/gsm8k-dlite-single-stage"
-    "${RUN[@]}" --method ar,dlite --drafter "dlite=$ABLATION" --task mt-bench --limit 4 --k 7 \
-      --out "$OUT/mtbench-dlite-single-stage"
   fi
 ) &
 wait

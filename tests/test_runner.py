@@ -94,7 +94,7 @@ def test_run_json_records_the_configuration(ngram_run):
     assert env["versions"]["torch"] and env["device_name"] and env["git_commit"]
     assert len(config["target_sha256"]) == 64
     assert config["drafters"]["ngram"]["max_ngram"] == 3
-    assert config["weight_layout"] == "column-major"  # "auto" resolved for the CPU
+    assert config["weight_layout"] == "column-major+onednn"  # "auto" resolved for the CPU
 
 
 def test_rerun_without_resume_refuses(ngram_run, tiny_qwen3_dir):

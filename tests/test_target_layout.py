@@ -1,4 +1,5 @@
-"""The target's weight layout (row-major as loaded, column-major for CPU GEMM speed): same model, same tokens."""
+"""The target's weight layout and kernels (row-major as loaded; column-major, plus oneDNN for verify blocks, for
+CPU GEMM speed): the same model, the same logits within float tolerance, the same greedy tokens."""
 
 from __future__ import annotations
 
@@ -8,36 +9,51 @@ import torch
 from evalsuite.errors import UserError
 from evalsuite.methods.ar import AutoregressiveBaseline
 from evalsuite.methods.ngram import PromptLookupDrafter
-from evalsuite.target import TargetModel
+from evalsuite.target import WEIGHT_LAYOUTS, OneDnnBlockLinear, TargetModel
 from tests.test_engine import PROMPTS, decode
 
+LAYOUTS = [layout for layout in WEIGHT_LAYOUTS if layout != "auto"]
 
-def test_auto_is_column_major_on_cpu_and_keeps_the_embedding_rows_contiguous(tiny_llama_dir):
+
+def test_auto_on_cpu_is_column_major_with_onednn_blocks(tiny_llama_dir):
     target = TargetModel.load(str(tiny_llama_dir))
-    assert target.weight_layout == "column-major"
+    assert target.weight_layout == "column-major+onednn"
     linears = [m for m in target.model.modules() if isinstance(m, torch.nn.Linear)]
-    assert linears and all(m.weight.t().is_contiguous() and not m.weight.is_contiguous() for m in linears)
-    assert target.embed_tokens.weight.is_contiguous()
+    assert linears and all(isinstance(m, OneDnnBlockLinear) for m in linears)
+    assert all(m.weight.t().is_contiguous() and not m.weight.is_contiguous() for m in linears)
+    assert target.embed_tokens.weight.is_contiguous()  # the tied embedding keeps its rows
+    state = target.model.state_dict()  # the oneDNN copies stay out of it
+    assert all(not t.is_mkldnn for t in state.values())
     row = TargetModel.load(str(tiny_llama_dir), weight_layout="row-major")
     assert row.weight_layout == "row-major" and row.lm_head.weight.is_contiguous()
+    assert type(row.lm_head) is torch.nn.Linear
     torch.testing.assert_close(target.lm_head.weight, row.lm_head.weight, rtol=0, atol=0)  # same values
 
 
-def test_both_layouts_give_the_same_logits_and_hidden_states(tiny_dirs):
+@pytest.mark.parametrize("rows", [1, 4, 16, 40])  # decode, verify blocks (oneDNN), a prefill (MKL again)
+def test_every_layout_gives_the_same_logits_and_hidden_states(tiny_dirs, rows):
+    ids = torch.tensor((PROMPTS[2] * 2)[:rows])
     for directory in tiny_dirs.values():
-        outputs = []
-        for layout in ("row-major", "column-major"):
-            target = TargetModel.load(str(directory), weight_layout=layout)
-            out = target.forward(torch.tensor(PROMPTS[2]), target.new_cache(), layer_ids=(0, 1))
-            outputs.append(out)
-        torch.testing.assert_close(outputs[0].logits, outputs[1].logits, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(outputs[0].hidden, outputs[1].hidden, rtol=1e-4, atol=1e-4)
+        outs = [TargetModel.load(str(directory), weight_layout=layout) for layout in LAYOUTS]
+        outs = [t.forward(ids, t.new_cache(), layer_ids=(0, 1)) for t in outs]
+        for other in outs[1:]:
+            torch.testing.assert_close(other.logits, outs[0].logits, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(other.hidden, outs[0].hidden, rtol=1e-4, atol=1e-4)
 
 
+def test_onednn_blocks_fall_back_to_the_plain_linear_under_autograd(tiny_llama_dir):
+    head = TargetModel.load(str(tiny_llama_dir)).lm_head
+    x = torch.randn(4, head.in_features, requires_grad=True)
+    out = head(x)
+    out.sum().backward()  # the oneDNN path has no backward; with autograd on it is not taken
+    torch.testing.assert_close(x.grad, head.weight.sum(0).expand_as(x))
+
+
+@pytest.mark.parametrize("layout", ["row-major", "column-major"])
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_row_major_decoding_is_lossless_too(tiny_qwen3_dir, prompt):
-    """The engine tests run the default (column-major on CPU); this covers the as-loaded layout."""
-    target = TargetModel.load(str(tiny_qwen3_dir), weight_layout="row-major")
+def test_decoding_is_lossless_in_the_other_layouts_too(tiny_qwen3_dir, prompt, layout):
+    """The engine tests run the default (column-major+onednn on CPU); these cover the other two."""
+    target = TargetModel.load(str(tiny_qwen3_dir), weight_layout=layout)
     reference = decode(target, AutoregressiveBaseline(target.device), prompt, 32)
     for k in (1, 4):
         assert decode(target, PromptLookupDrafter(target.device), prompt, 32, k=k).output_ids == reference.output_ids

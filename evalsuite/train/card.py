@@ -81,11 +81,13 @@ def write_model_card(out_dir: Path, report: dict, config: dict) -> Path:
         lines.append("Not measured yet: run `evalsuite run --method <m> --task gsm8k --out RUN` and "
                      f"`python -m evalsuite.train.card {out_dir} RUN`.")
     else:
-        lines.append("| task | k | samples | max new tokens | method | τ | speedup vs ar | run |")
-        lines.append("|---|---|---|---|---|---|---|---|")
+        lines.append("| task | k | samples | max new tokens | method | τ | speedup vs ar | target weight layout "
+                     "| run |")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
         for row in evals:
             lines.append(f"| {row['task']} | {row['k']} | {row['samples']} | {row['max_new_tokens']} | "
-                         f"{row['method']} | {_fmt(row['tau'], 2)} | {_fmt(row['speedup'], 2)} | {row['run']} |")
+                         f"{row['method']} | {_fmt(row['tau'], 2)} | {_fmt(row['speedup'], 2)} | "
+                         f"{row.get('weight_layout', 'row-major')} | {row['run']} |")
     lines += ["", "## Reproduce", "```", report["command"], "```", ""]
     path = out_dir / CARD
     path.write_text("\n".join(lines))
@@ -107,6 +109,7 @@ def attach_evaluations(drafter_dir: Path, run_dirs: list[Path]) -> Path:
             rows.append({"task": run["task"], "k": run["k"], "samples": row["samples"],
                          "max_new_tokens": run["max_new_tokens"], "method": row["method"], "tau": row["tau"],
                          "speedup": row["speedup"], "run": Path(run_dir).name,
+                         "weight_layout": run.get("weight_layout", "row-major"),  # runs before the option
                          "drafter_sha256": run.get("drafter_sha256", {}).get(report["method"])})
     report["heldout_eval"] = rows
     (drafter_dir / REPORT).write_text(json.dumps(report, indent=1, sort_keys=True, default=str))
