@@ -111,8 +111,8 @@ def run(
         options["dspark"] = {"confidence_threshold": confidence_threshold}
     config = RunConfig(
         methods=methods, task=task, target=target, drafters=_parse_drafters(drafter, methods), device=device,
-        dtype=dtype, weight_layout=weight_layout, k=k, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
-        limit=limit, seed=seed, resume=resume, replay=replay, context_policy=context_policy, max_turns=max_turns,
+        dtype=dtype, weight_layout=weight_layout, k=k, temperature=temperature, top_p=top_p, top_k=top_k,
+        max_new_tokens=max_new_tokens, limit=limit, seed=seed, resume=resume, replay=replay, context_policy=context_policy, max_turns=max_turns,
         enable_thinking=enable_thinking, data_path=data_path, subset=subset, warmup=warmup, method_options=options,
     )
     run_id = out_dir.name if out_dir else f"{task}-{'_'.join(methods)}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -113,7 +113,8 @@ class ForwardOutput:
 class TargetModel:
     """A causal LM with a growable, croppable KV cache. Batch size 1."""
 
-    def __init__(self, model, tokenizer, name: str, model_dir: str, device: torch.device, dtype: torch.dtype):
+    def __init__(self, model, tokenizer, name: str, model_dir: str, device: torch.device, dtype: torch.dtype,
+                 weight_layout: str = "row-major"):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
@@ -130,7 +131,7 @@ class TargetModel:
         if eos is None and tokenizer is not None:
             eos = tokenizer.eos_token_id
         self.stop_ids: frozenset[int] = frozenset([eos] if isinstance(eos, int) else (eos or []))
-        self.weight_layout = "row-major"  # as loaded; `load` may change it
+        self.weight_layout = weight_layout  # as `load` resolved it; "row-major" is the weights as loaded
 
     # ---- loading -----------------------------------------------------------------------------------------
     @classmethod
@@ -160,9 +161,7 @@ class TargetModel:
         layout = resolve_weight_layout(weight_layout, dev)
         if layout.startswith("column-major"):
             use_column_major_linears(model, onednn_blocks=layout == "column-major+onednn")
-        target = cls(model, tokenizer, name, path, dev, torch_dtype)
-        target.weight_layout = layout
-        return target
+        return cls(model, tokenizer, name, path, dev, torch_dtype, layout)
 
     # ---- chat rendering ------------------------------------------------------------------------------------
     @property
@@ -238,16 +237,15 @@ def resolve_weight_layout(layout: str, device: torch.device) -> str:
     return "column-major+onednn" if torch.backends.mkldnn.is_available() else "column-major"
 
 
-def use_column_major_linears(model: torch.nn.Module, onednn_blocks: bool = False) -> int:
+def use_column_major_linears(model: torch.nn.Module, onednn_blocks: bool = False) -> None:
     """Store every nn.Linear weight transposed ([in, out] contiguous) behind its usual [out, in] view.
 
     Same values and the same `F.linear` call, but on CPU MKL's fp32 x·W' with the transposed storage streams
     the weights faster than x·Wᵀ for the few-row products of decoding (benchmarks/verify_cost.py: a one-token
     forward 1.34× faster). With `onednn_blocks` a oneDNN copy of the weight also serves 2 … 16-row products,
     where oneDNN beats MKL (verify blocks; see `OneDnnBlockLinear`). A weight tied to an embedding gets its own
-    copy, so embedding rows stay contiguous. Returns how many weights were re-laid.
+    copy, so embedding rows stay contiguous.
     """
-    count = 0
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):
             weight = module.weight
@@ -255,8 +253,6 @@ def use_column_major_linears(model: torch.nn.Module, onednn_blocks: bool = False
                                                requires_grad=weight.requires_grad)
             if onednn_blocks and module.weight.dtype == torch.float32:
                 OneDnnBlockLinear.convert(module)
-            count += 1
-    return count
 
 
 class OneDnnBlockLinear(torch.nn.Linear):

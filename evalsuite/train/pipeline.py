@@ -40,7 +40,7 @@ METHODS = {
     "dspark": (dspark_recipe.DSparkOptions, dspark_recipe.feature_layers),
     "eagle3": (eagle3_recipe.Eagle3Options, eagle3_recipe.feature_layers),
 }
-# the shipped default drafters' schedules (baselines/drafters/README.md): each under an hour on one core
+# the shipped default drafters' schedules (baselines/drafters/README.md): each under an hour on this CPU
 DEFAULT_STEPS = {"dlite": 6000, "dflash": 4400, "dspark": 4000, "eagle3": 2500}
 
 
