@@ -69,3 +69,36 @@ def test_the_training_defaults_reproduce_the_shipped_recipes():
         options_type, _ = RECIPES[method]
         assert report["steps"] == DEFAULT_STEPS[method], method
         assert report["recipe"]["options"] == asdict(options_type()), method
+
+
+def _strings(value):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield k
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+    elif isinstance(value, str):
+        yield value
+
+
+def test_no_shipped_config_holds_a_path():
+    for method in METHODS:
+        config = json.loads((DEFAULT_DRAFTER_ROOT / method / "config.json").read_text())
+        assert "_name_or_path" not in config, method
+        paths = [s for s in _strings(config) if s.startswith(("/", "~")) or re.match(r"^[A-Za-z]:\\", s)]
+        assert paths == [], f"{method}/config.json holds {paths}"
+
+
+def test_the_checkpoint_writer_drops_where_a_config_was_loaded_from(tmp_path):
+    import torch
+
+    from evalsuite.train.recipes.common import save_checkpoint
+
+    config = {"_name_or_path": str(tmp_path / "cache" / "target"), "hidden_size": 8,
+              "nested": {"_name_or_path": "/elsewhere", "keep": 1}}
+    save_checkpoint(tmp_path / "ckpt", config, {"w": torch.zeros(2)})
+    text = (tmp_path / "ckpt" / "config.json").read_text()
+    assert json.loads(text) == {"hidden_size": 8, "nested": {"keep": 1}}
+    assert str(tmp_path) not in text

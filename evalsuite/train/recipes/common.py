@@ -144,7 +144,20 @@ def save_checkpoint(out_dir: Path, config: dict, state: dict[str, torch.Tensor])
     tensors = {k: (v.detach().to(STORAGE_DTYPE) if v.is_floating_point() else v.detach()).contiguous().cpu()
                for k, v in state.items()}
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    (out_dir / "config.json").write_text(json.dumps(without_local_paths(config), indent=2, sort_keys=True))
+
+
+# Keys transformers fills with the directory a config was loaded from: a machine path, never part of a release.
+LOCAL_PATH_KEYS = ("_name_or_path",)
+
+
+def without_local_paths(config):
+    """The config without the keys that hold where it was loaded from (at any depth), for a shippable config.json."""
+    if isinstance(config, dict):
+        return {k: without_local_paths(v) for k, v in config.items() if k not in LOCAL_PATH_KEYS}
+    if isinstance(config, list):
+        return [without_local_paths(v) for v in config]
+    return config
 
 
 def qwen3_layer_config(target, num_layers: int, intermediate_size: int) -> dict:
