@@ -11,6 +11,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -29,7 +30,7 @@ def friendly_errors(func):
         try:
             return func(*args, **kwargs)
         except UserError as err:
-            console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+            console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2)
         except KeyboardInterrupt:
             console.print("[yellow]interrupted: finished trajectories are saved; rerun with --resume[/]")
@@ -54,6 +55,18 @@ def _parse_drafters(values: list[str], methods: list[str]) -> dict[str, str]:
             found[learned[0]] = value
         else:
             raise UserError(f"--drafter {value}: with several learned methods write --drafter METHOD=PATH")
+    return found
+
+
+def _parse_method_options(values: list[str]) -> dict[str, dict[str, str]]:
+    """`--method-option METHOD.KEY=VALUE` → {METHOD: {KEY: VALUE}}; each method's factory checks and converts."""
+    found: dict[str, dict[str, str]] = {}
+    for value in values:
+        name, _, setting = value.partition(".")
+        key, eq, raw = setting.partition("=")
+        if not (name and key and eq):
+            raise UserError(f"--method-option {value}: write METHOD.KEY=VALUE, e.g. suffix.max_depth=32")
+        found.setdefault(name, {})[key] = raw
     return found
 
 
@@ -99,6 +112,8 @@ def run(
     subset: Optional[str] = typer.Option(None, help="Task subset (e.g. LongBench v2 domain)."),
     confidence_threshold: Optional[float] = typer.Option(None, help="DSpark: truncate the block at the first low-confidence slot."),
     warmup: bool = typer.Option(True, help="Untimed warm-up decode before recording."),
+    method_option: list[str] = typer.Option([], "--method-option", help="METHOD.KEY=VALUE, repeatable: a method "
+                                            "setting, e.g. suffix.max_spec_factor=2 (recorded in run.json)."),
 ):
     """Replay a task through the target with the given methods; write per-step records and a summary."""
     from evalsuite.config import RunConfig
@@ -106,9 +121,12 @@ def run(
     from evalsuite.runner import Progress as RunProgress, Runner
 
     methods = _infer_auto_method([m.strip() for m in method.split(",") if m.strip()], drafter)
-    options = {}
+    options = _parse_method_options(method_option)
+    for name in options:
+        if name not in methods:
+            raise UserError(f"--method-option {name}.…: method {name} is not in --method {','.join(methods)}")
     if confidence_threshold is not None:
-        options["dspark"] = {"confidence_threshold": confidence_threshold}
+        options.setdefault("dspark", {})["confidence_threshold"] = confidence_threshold
     config = RunConfig(
         methods=methods, task=task, target=target, drafters=_parse_drafters(drafter, methods), device=device,
         dtype=dtype, weight_layout=weight_layout, k=k, temperature=temperature, top_p=top_p, top_k=top_k,
@@ -277,7 +295,7 @@ def main() -> None:
     try:
         app()
     except UserError as err:  # errors raised outside a command body (option callbacks)
-        console.print(f"[bold red]error:[/] {err}")
+        console.print(f"[bold red]error:[/] {escape(str(err))}")
         sys.exit(2)
 
 

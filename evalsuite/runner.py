@@ -176,6 +176,7 @@ class Runner:
             prefix = PrefixCache(self.target, drafter.feature_layers)
             prefix.prefill(ids)
             self._decode(drafter, prefix, ids, max_new_tokens=16, generator=torch.Generator().manual_seed(0))
+            drafter.reset()  # the warm-up reply is not part of the run
 
     def run(self, progress: Progress | None = None) -> None:
         progress = progress or Progress(total=0)

