@@ -52,7 +52,7 @@ class TurnRecord:
     task: str
     sample_id: str
     turn: int
-    replay: str  # "logged" | "free" | "raw"
+    replay: str  # "logged" | "free" | "mixed" | "raw": where the replies in this turn's context came from
     context_len: int  # tokens before the model speaks (the rendered prompt of this turn)
     prompt_tokens: int  # = context_len; kept under the name the README and issue use
     prefill_tokens: int  # tokens the target actually prefilled (the rest came from the shared prefix cache)
@@ -68,6 +68,7 @@ class TurnRecord:
     stop_reason: str  # eos | max_new_tokens | context_limit | skipped
     skip_reason: str  # why the turn was not decoded, "" when it was
     dropped_tokens: int  # tokens cut from the left under --context-policy truncate-left
+    dropped_messages: int = 0  # whole oldest messages dropped under --context-policy truncate-left (0 for raw ids)
     output_ids: list[int] = field(default_factory=list)
 
 

@@ -1,9 +1,11 @@
 """Replays trajectories through the target with each method, pairs every turn with its AR baseline, and stores records.
 
-Loop order: trajectory → turn → method. The AR baseline decodes each turn first; the other methods then
-decode the same turn. One target KV cache serves them all: before a turn, the cache is cropped to the
-longest common prefix with the new context and only the rest is prefilled (so methods that see the same
-context share the prefill, and a growing agent context is prefilled incrementally).
+Loop order: trajectory → turn → method. What each method's context is at each turn (replay mode, history,
+context policy) comes from `evalsuite.replay`; every turn up to --max-turns gets a record per method, decoded
+or skipped with its reason. After all methods have decoded a turn, each is paired with `ar`. One target KV
+cache serves them all: before a turn, the cache is cropped to the longest common prefix with the new context
+and only the rest is prefilled (so methods that see the same context share the prefill, and a growing agent
+context is prefilled incrementally).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from evalsuite.engine import TurnResult, decode_turn
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Drafter, Sampling, common_prefix_len, get_method
 from evalsuite.records import RunStore, StepRecord, TurnRecord
+from evalsuite.replay import ContextPolicy, MethodReplay, TurnContext, Window, check_replay_mode, make_policy
 from evalsuite.target import TargetModel, text_hash, weights_hash
 from evalsuite.timing import DeviceClock
 from evalsuite.workloads.base import LoadOptions, Trajectory, get_task
@@ -94,6 +97,7 @@ class Runner:
         self.record_baseline = BASELINE in config.methods
         self.replay = config.replay if config.replay != "auto" else self.task.default_replay
         self.target: TargetModel | None = None
+        self.policy: ContextPolicy | None = None
         self.drafters: dict[str, Drafter] = {}
         self.run_id = out_dir.name
 
@@ -103,6 +107,8 @@ class Runner:
         self.target = TargetModel.load(self.config.target, self.config.device, self.config.dtype,
                                        self.config.weight_layout)
         self._clock = DeviceClock(self.target.device)
+        self.policy = make_policy(self.config.context_policy,
+                                  Window(self.target.max_context, self.config.max_new_tokens, self.config.k))
         for info in self.method_infos:
             options = dict(self.config.method_options.get(info.name, {}))
             if info.name in self.config.drafters:
@@ -116,6 +122,7 @@ class Runner:
             raise UserError(f"task {self.config.task}: no samples to run")
         for trajectory in self.trajectories:
             self._check_prompt_ids(trajectory)
+        check_replay_mode(self.config.replay, self.trajectories, self.config.task)
         self._write_config()
 
     def describe(self) -> dict:
@@ -190,48 +197,39 @@ class Runner:
                 self.store.write_trajectory(name, trajectory.sample_id, steps[name], turns[name])
 
     def run_trajectory(self, trajectory: Trajectory, layer_union: tuple[int, ...], progress: Progress):
+        """Every turn up to --max-turns gets one record per method: decoded, or skipped with its reason."""
         cfg = self.config
         prefix = PrefixCache(self.target, layer_union)
-        histories = {name: [] for name in self.drafters}
+        render = lambda messages: self._render(messages, trajectory.tools)  # noqa: E731
+        replays = {name: MethodReplay(trajectory, self.replay, self.policy, render) for name in self.drafters}
         steps = {name: [] for name in self.drafters}
         turns = {name: [] for name in self.drafters}
         seed = int(hashlib.sha256(f"{cfg.seed}:{trajectory.sample_id}".encode()).hexdigest()[:8], 16)
         generators = {name: torch.Generator().manual_seed(seed) for name in self.drafters}
-        replay = "raw" if any(t.prompt_ids is not None for t in trajectory.turns) else self.replay
-        ended = {name: False for name in self.drafters}
-        for turn_index, turn in enumerate(trajectory.turns[: cfg.max_turns]):
-            baseline: TurnRecord | None = None
+        for turn_index in range(len(trajectory.turns[: cfg.max_turns])):
+            records: dict[str, TurnRecord] = {}
             for name, drafter in self.drafters.items():
-                if ended[name]:
-                    continue
-                histories[name].extend(turn.new_messages)
-                ids = list(turn.prompt_ids) if turn.prompt_ids is not None else self._render(histories[name],
-                                                                                              trajectory.tools)
-                ids, dropped, skip = self._apply_context_policy(ids)
-                record = self._turn_record(name, trajectory, turn_index, replay, len(ids), dropped)
-                if skip:
-                    record.stop_reason, record.skip_reason = "skipped", skip
-                    turns[name].append(record)
-                    ended[name] = True
+                context = replays[name].context(turn_index)
+                record = self._turn_record(name, trajectory, turn_index, context)
+                records[name] = record
+                if context.skipped:
+                    record.stop_reason, record.skip_reason = "skipped", context.skip_reason
+                    replays[name].record_reply(turn_index, None)
                     continue
                 t0 = self._clock.now()
-                record.prefill_tokens = prefix.prefill(ids)
+                record.prefill_tokens = prefix.prefill(context.ids)
                 record.prefill_s = self._clock.now() - t0
-                result = self._decode(drafter, prefix, ids, cfg.max_new_tokens, generators[name])
+                result = self._decode(drafter, prefix, context.ids, cfg.max_new_tokens, generators[name])
                 prefix.rewind()
                 self._fill(record, result)
-                if name == BASELINE:
-                    baseline = record
-                if baseline is not None:  # None only when the baseline skipped a context this method did not
+                steps[name].extend(self._step_records(name, trajectory, turn_index, result))
+                replays[name].record_reply(turn_index, self.target.decode(result.output_ids))
+            baseline = records[BASELINE]
+            for name, record in records.items():
+                if record.stop_reason != "skipped" and baseline.stop_reason != "skipped":
                     record.ar_decode_s, record.ar_new_tokens = baseline.decode_s, baseline.new_tokens
                     record.speedup = _speedup(baseline, record)
-                steps[name].extend(self._step_records(name, trajectory, turn_index, result))
                 turns[name].append(record)
-                reply = turn.logged_reply if replay == "logged" and turn.logged_reply is not None else \
-                    {"role": "assistant", "content": self.target.decode(result.output_ids)}
-                histories[name].append(reply)
-                if record.stop_reason == "context_limit":
-                    ended[name] = True
                 progress.update({"method": name, "sample": trajectory.sample_id, "turn": turn_index,
                                  "tau": record.tau, "tokens_per_s": record.new_tokens / max(record.decode_s, 1e-9),
                                  "speedup": record.speedup})
@@ -259,22 +257,13 @@ class Runner:
         return decode_turn(self.target, drafter, prefix.cache, context, prefix.features_for(drafter.feature_layers),
                            prefix.last_logits, self.config.k, self.sampling, max_new_tokens, generator, self._clock)
 
-    def _apply_context_policy(self, ids: list[int]) -> tuple[list[int], int, str]:
-        """Returns (ids, dropped tokens, skip reason)."""
-        limit = self.target.max_context
-        if len(ids) < limit - 1:
-            return ids, 0, ""
-        if self.config.context_policy == "stop":
-            return ids, 0, f"context of {len(ids)} tokens reaches the target maximum of {limit} (--context-policy stop)"
-        keep = max(limit - self.config.max_new_tokens - self.config.k - 1, 1)
-        return ids[-keep:], len(ids) - keep, ""
-
-    def _turn_record(self, name, trajectory, turn_index, replay, context_len, dropped) -> TurnRecord:
+    def _turn_record(self, name, trajectory, turn_index, context: TurnContext) -> TurnRecord:
         return TurnRecord(
             run_id=self.run_id, method=name, task=self.config.task, sample_id=trajectory.sample_id, turn=turn_index,
-            replay=replay, context_len=context_len, prompt_tokens=context_len, prefill_tokens=0, new_tokens=0,
-            num_steps=0, prefill_s=0.0, draft_prefill_s=0.0, decode_s=0.0, tau=float("nan"), ar_decode_s=0.0,
-            ar_new_tokens=0, speedup=float("nan"), stop_reason="", skip_reason="", dropped_tokens=dropped,
+            replay=context.replay, context_len=context.context_len, prompt_tokens=context.context_len,
+            prefill_tokens=0, new_tokens=0, num_steps=0, prefill_s=0.0, draft_prefill_s=0.0, decode_s=0.0,
+            tau=float("nan"), ar_decode_s=0.0, ar_new_tokens=0, speedup=float("nan"), stop_reason="", skip_reason="",
+            dropped_tokens=context.dropped_tokens, dropped_messages=context.dropped_messages,
         )
 
     @staticmethod

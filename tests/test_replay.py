@@ -80,42 +80,89 @@ def test_free_replay_feeds_the_models_own_answer(long_target_dir, tmp_path):
 
 
 def custom_file(tmp_path: Path) -> Path:
-    """Turn 0 fits a 256-position target; turn 1 (a 400-byte user message) does not."""
+    """Turns 0-1 fit a 256-position target; turn 2 only without turn 1's message; turn 3's 400-byte message fits
+    under no policy; turns 4-5 (the last without a logged reply) fit again once older messages are dropped."""
     record = {"id": "grow", "messages": [
         {"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi."},
-        {"role": "user", "content": "x" * 400}, {"role": "assistant", "content": "Long."},
+        {"role": "user", "content": "a" * 100}, {"role": "assistant", "content": "A."},
+        {"role": "user", "content": "b" * 100}, {"role": "assistant", "content": "B."},
+        {"role": "user", "content": "x" * 400}, {"role": "assistant", "content": "X."},
+        {"role": "user", "content": "c" * 100}, {"role": "assistant", "content": "C."},
         {"role": "user", "content": "Bye."}]}
     path = tmp_path / "grow.jsonl"
     path.write_text(json.dumps(record) + "\n")
     return path
 
 
-def test_context_policy_stop_records_the_skip_and_ends_the_trajectory(short_target_dir, tmp_path):
+def rows_by_method(out: Path) -> dict:
+    turns = load_turns(out)
+    return {m: turns[turns.method == m].sort_values("turn").reset_index(drop=True) for m in ("ngram", "ar")}
+
+
+def test_context_policy_stop_records_every_turn(short_target_dir, tmp_path):
     run(short_target_dir, tmp_path / "stop", task="custom", data_path=str(custom_file(tmp_path)))
-    turns = load_turns(tmp_path / "stop")
-    for method in ("ngram", "ar"):
-        rows = turns[turns.method == method].sort_values("turn")
-        assert list(rows.turn) == [0, 1]  # turn 2 never runs: the trajectory ended at turn 1
-        assert rows.iloc[0].stop_reason in ("eos", "max_new_tokens") and rows.iloc[0].skip_reason == ""
-        skipped = rows.iloc[1]
-        assert skipped.stop_reason == "skipped" and skipped.new_tokens == 0
-        assert "reaches the target maximum of 256" in skipped.skip_reason
-        assert "--context-policy stop" in skipped.skip_reason
-        assert skipped.context_len > 256 and skipped.dropped_tokens == 0
+    for rows in rows_by_method(tmp_path / "stop").values():
+        assert list(rows.turn) == [0, 1, 2, 3, 4, 5]  # every turn has its row, decoded or skipped
+        assert list(rows.stop_reason[:2].isin(["eos", "max_new_tokens"])) == [True, True]
+        assert (rows.skip_reason[:2] == "").all()
+        for skipped in rows.iloc[2:].itertuples():  # logged replay: each later context is longer still
+            assert skipped.stop_reason == "skipped" and skipped.new_tokens == 0
+            assert skipped.skip_reason == (f"context of {skipped.context_len} tokens reaches the target maximum "
+                                           f"of 256 (--context-policy stop)")
+            assert skipped.context_len > 255 and skipped.dropped_tokens == skipped.dropped_messages == 0
+        assert list(rows.replay) == ["logged"] * 6
 
 
-def test_context_policy_truncate_left_records_dropped_tokens(short_target_dir, tmp_path):
-    run(short_target_dir, tmp_path / "trunc", task="custom", data_path=str(custom_file(tmp_path)),
+def test_context_policy_truncate_left_drops_whole_messages_and_goes_on(short_target_dir, tmp_path):
+    seen: list = []
+    run(short_target_dir, tmp_path / "trunc", seen, task="custom", data_path=str(custom_file(tmp_path)),
         context_policy="truncate-left")
-    turns = load_turns(tmp_path / "trunc")
-    keep = 256 - 8 - 4 - 1  # max_context - max_new_tokens - k - 1
-    for method in ("ngram", "ar"):
-        rows = turns[turns.method == method].sort_values("turn")
-        assert list(rows.turn) == [0, 1, 2]
-        assert rows.iloc[0].dropped_tokens == 0
-        for _, row in rows.iloc[1:].iterrows():
-            assert row.context_len == keep and row.dropped_tokens > 0 and row.new_tokens > 0
-            assert row.skip_reason == ""
+    budget = 256 - 8 - 4 - 1  # max_context - max_new_tokens - k - 1
+    for rows in rows_by_method(tmp_path / "trunc").values():
+        assert list(rows.turn) == [0, 1, 2, 3, 4, 5]
+        assert list(rows.stop_reason == "skipped") == [False, False, False, True, False, False]
+        assert list(rows.dropped_messages) == [0, 0, 2, 0, 6, 6]  # whole agent steps: a reply + its answer
+        decoded = rows[rows.stop_reason != "skipped"]
+        assert (decoded.context_len <= budget).all() and (decoded.new_tokens > 0).all()
+        assert (decoded.dropped_tokens > 0).tolist() == (decoded.dropped_messages > 0).tolist()
+        assert rows.skip_reason[3].startswith("the 3 messages truncate-left keeps")
+        assert "--context-policy truncate-left" in rows.skip_reason[3]
+    kept = seen[-1]  # turn 5 (the policy renders the full history first, then what it keeps)
+    assert [m["content"] for m in kept] == ["Say hi.", "X.", "c" * 100, "C.", "Bye."]
+
+
+@pytest.mark.parametrize("policy", ["stop", "truncate-left"])
+def test_free_replay_after_a_skip_records_the_rest_of_the_trajectory(short_target_dir, tmp_path, policy):
+    out = tmp_path / policy
+    run(short_target_dir, out, task="custom", data_path=str(custom_file(tmp_path)), replay="free",
+        context_policy=policy)
+    first_skip = 2 if policy == "stop" else 3
+    for rows in rows_by_method(out).values():
+        assert list(rows.turn) == [0, 1, 2, 3, 4, 5] and (rows.replay == "free").all()
+        assert (rows.stop_reason[:first_skip] != "skipped").all()
+        assert (rows.stop_reason[first_skip:] == "skipped").all()
+        for reason in rows.skip_reason[first_skip + 1:]:
+            assert reason == (f"turn {first_skip} was skipped and produced no reply (free replay), so this turn "
+                              "has no history to continue from")
+
+
+@pytest.mark.parametrize("replay", ["logged", "free"])
+def test_a_decode_that_hits_the_window_mid_turn_still_leaves_every_row(short_target_dir, tmp_path, replay):
+    out = tmp_path / "mid"
+    run(short_target_dir, out, task="custom", data_path=str(custom_file(tmp_path)), max_new_tokens=240,
+        replay=replay)
+    for rows in rows_by_method(out).values():
+        assert list(rows.turn) == [0, 1, 2, 3, 4, 5]
+        assert rows.stop_reason[0] == "context_limit"  # 240 new tokens do not fit after the 26-token prompt
+        assert rows.context_len[0] + rows.new_tokens[0] == 256
+        if replay == "logged":  # turn 1's logged context still fits and runs into the window too
+            assert rows.stop_reason[1] == "context_limit" and (rows.stop_reason[2:] == "skipped").all()
+        else:  # turn 1 holds turn 0's long answer: no room; then no history to go on from
+            assert (rows.stop_reason[1:] == "skipped").all()
+            assert rows.skip_reason[1].endswith("reaches the target maximum of 256 (--context-policy stop)")
+            assert rows.skip_reason[2].startswith("turn 1 was skipped")
+    ar, ngram = (rows_by_method(out)[m] for m in ("ar", "ngram"))
+    assert list(ar.output_ids[0]) == list(ngram.output_ids[0])
 
 
 def test_raw_prompt_ids_are_checked_against_the_vocabulary(short_target_dir, tmp_path):

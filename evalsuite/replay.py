@@ -1,0 +1,236 @@
+"""Replay and context policy: a trajectory → the context the target sees at each turn, for one method.
+
+`MethodReplay` keeps one method's view of one trajectory: the conversation history so far, which turns'
+replies in it came from the log and which from the model, and whether the history can still go on. Each
+turn it hands the runner a `TurnContext`: the token ids to decode from, or the reason the turn is a
+recorded skip. The runner's timing loop knows nothing about replay modes or policies.
+
+History (messages; raw `prompt_ids` turns ignore it):
+- `logged`: after each turn the logged assistant reply is appended. A turn without one (the data has none)
+  is followed by the model's own reply, and the turns after it say so in their `replay` label:
+  `free` when every reply in the context is the model's own, `mixed` when both kinds are there.
+- `free`: after each turn the model's own reply is appended.
+- A skipped turn produces no reply. Unless a logged reply stands in for it, later turns have no history
+  to continue from and are recorded skips that name the turn.
+
+Context policies, applied when a turn's rendered context would not leave room in the target's window:
+- `stop`: a context that reaches the window (`max_context - 1` tokens or more) is a recorded skip. A
+  decode may still run into the window mid-turn (`stop_reason = context_limit`).
+- `truncate-left`: whole oldest messages are dropped, as agent frameworks condense history, until the
+  rendered context leaves room for `max_new_tokens + k + 1` tokens. It keeps the system message and the
+  first user message (the task), and the newest messages: the turn's own new messages and the assistant reply
+  they follow. It drops whole agent steps, oldest first: an assistant message with the tool results or user
+  messages that answer it, so a tool call never loses its result. The prompt is re-rendered through the chat
+  template, so nothing is cut inside a message or a template header. When the kept messages alone do not
+  fit, the turn is a recorded skip. Raw `prompt_ids` turns are cut token-wise from
+  the left to the same room.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from evalsuite.errors import UserError
+from evalsuite.workloads.base import Trajectory
+
+STOP = "stop"
+TRUNCATE_LEFT = "truncate-left"
+POLICIES = (STOP, TRUNCATE_LEFT)
+
+Render = Callable[[list[dict]], list[int]]
+
+
+@dataclass(frozen=True)
+class Window:
+    """The target's window and what a decode needs left of it."""
+
+    max_context: int
+    max_new_tokens: int
+    k: int
+
+    @property
+    def budget(self) -> int:
+        """The longest context that still leaves room for a full decode: max_new_tokens + k + 1 tokens."""
+        return max(self.max_context - self.max_new_tokens - self.k - 1, 1)
+
+    def reaches_limit(self, length: int) -> bool:
+        """Too long to decode even one verify step."""
+        return length >= self.max_context - 1
+
+
+@dataclass
+class TurnContext:
+    replay: str  # logged | free | mixed | raw: where the replies in this context came from
+    ids: list[int]  # what the target decodes from (the full context when the turn is skipped)
+    dropped_messages: int = 0
+    dropped_tokens: int = 0
+    skip_reason: str = ""
+
+    @property
+    def context_len(self) -> int:
+        return len(self.ids)
+
+    @property
+    def skipped(self) -> bool:
+        return bool(self.skip_reason)
+
+
+class ContextPolicy:
+    name = ""
+
+    def __init__(self, window: Window):
+        self.window = window
+
+    def fit_ids(self, ids: list[int]) -> tuple[list[int], int, str]:
+        """Raw ids → (ids, dropped tokens, skip reason)."""
+        raise NotImplementedError
+
+    def fit_messages(self, messages: list[dict], protected_tail: int, render: Render) -> tuple[list[int], int, int, str]:
+        """Messages → (ids, dropped messages, dropped tokens, skip reason)."""
+        raise NotImplementedError
+
+
+class StopPolicy(ContextPolicy):
+    name = STOP
+
+    def _skip(self, length: int) -> str:
+        if not self.window.reaches_limit(length):
+            return ""
+        return (f"context of {length} tokens reaches the target maximum of {self.window.max_context} "
+                f"(--context-policy stop)")
+
+    def fit_ids(self, ids):
+        return ids, 0, self._skip(len(ids))
+
+    def fit_messages(self, messages, protected_tail, render):
+        ids = render(messages)
+        return ids, 0, 0, self._skip(len(ids))
+
+
+class TruncateLeftPolicy(ContextPolicy):
+    name = TRUNCATE_LEFT
+
+    def fit_ids(self, ids):
+        budget = self.window.budget
+        if len(ids) <= budget:
+            return ids, 0, ""
+        return ids[-budget:], len(ids) - budget, ""
+
+    def fit_messages(self, messages, protected_tail, render):
+        full = render(messages)
+        budget = self.window.budget
+        if len(full) <= budget:
+            return full, 0, 0, ""
+        head, units, tail = split_for_truncation(messages, protected_tail)
+
+        def kept(drop: int) -> list[dict]:
+            return head + [m for unit in units[drop:] for m in unit] + tail
+
+        fewest = render(kept(len(units)))
+        if len(fewest) > budget:
+            return full, 0, 0, (
+                f"the {len(head) + len(tail)} messages truncate-left keeps (system and task, the latest reply and this "
+                f"turn's new messages) take "
+                f"{len(fewest)} tokens, more than the {budget} the target's window of {self.window.max_context} "
+                f"leaves after max_new_tokens + k + 1 (--context-policy truncate-left)")
+        # the fewest oldest units to drop: the rendered length shrinks as units go, so bisect
+        low, high, fits = 1, len(units), {len(units): fewest}
+        while low < high:
+            mid = (low + high) // 2
+            ids = render(kept(mid))
+            if len(ids) <= budget:
+                high, fits[mid] = mid, ids
+            else:
+                low = mid + 1
+        best = fits[high]
+        dropped = sum(len(unit) for unit in units[:high])
+        return best, dropped, len(full) - len(best), ""
+
+
+def make_policy(name: str, window: Window) -> ContextPolicy:
+    return {STOP: StopPolicy, TRUNCATE_LEFT: TruncateLeftPolicy}[name](window)
+
+
+def split_for_truncation(messages: list[dict], protected_tail: int) -> tuple[list[dict], list[list[dict]], list[dict]]:
+    """(kept head, droppable units oldest first, kept tail).
+
+    The head runs through the first user message (the task), so it holds the system message before it.
+    The tail is the turn's newest `protected_tail` messages plus the assistant reply they follow (the model's
+    latest action and what came back to it). A unit is one agent step: an assistant message and the tool results
+    or user messages that answer it, so a tool call never loses its result and roles keep alternating.
+    """
+    first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
+    head_end = first_user + 1 if first_user is not None else \
+        next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages))
+    tail_start = max(len(messages) - protected_tail, head_end)
+    while head_end < tail_start < len(messages) and messages[tail_start].get("role") == "tool" \
+            and messages[tail_start - 1].get("role") != "assistant":
+        tail_start -= 1  # tool results reach back to the call they answer
+    if tail_start > head_end and messages[tail_start - 1].get("role") == "assistant":
+        tail_start -= 1
+    units: list[list[dict]] = []
+    for message in messages[head_end:tail_start]:
+        if message.get("role") == "assistant" or not units:
+            units.append([message])
+        else:
+            units[-1].append(message)
+    return list(messages[:head_end]), units, list(messages[tail_start:])
+
+
+class MethodReplay:
+    """One method's replay of one trajectory: `context(i)` before turn i, `record_reply(i, text)` after it."""
+
+    def __init__(self, trajectory: Trajectory, mode: str, policy: ContextPolicy, render: Render):
+        if mode not in ("logged", "free"):
+            raise ValueError(f"replay mode {mode!r}")
+        self.trajectory = trajectory
+        self.mode = mode
+        self.policy = policy
+        self.render = render
+        self.history: list[dict] = []
+        self.logged_replies = 0  # replies in the history taken from the log
+        self.model_replies = 0  # replies in the history the model produced
+        self.broken = ""  # why later turns have no history to continue from
+
+    def context(self, index: int) -> TurnContext:
+        turn = self.trajectory.turns[index]
+        if turn.prompt_ids is not None:
+            ids, dropped, skip = self.policy.fit_ids(list(turn.prompt_ids))
+            return TurnContext("raw", ids, 0, dropped, skip)
+        label = self._label()
+        if self.broken:
+            return TurnContext(label, [], skip_reason=self.broken)
+        self.history.extend(turn.new_messages)
+        ids, dropped_messages, dropped_tokens, skip = self.policy.fit_messages(
+            self.history, len(turn.new_messages), self.render)
+        return TurnContext(label, ids, dropped_messages, dropped_tokens, skip)
+
+    def record_reply(self, index: int, text: str | None) -> None:
+        """After turn `index`: the model's reply text, or None when the turn was skipped."""
+        turn = self.trajectory.turns[index]
+        if turn.prompt_ids is not None or self.broken:
+            return
+        if self.mode == "logged" and turn.logged_reply is not None:
+            self.history.append(turn.logged_reply)
+            self.logged_replies += 1
+        elif text is not None:
+            self.history.append({"role": "assistant", "content": text})
+            self.model_replies += 1
+        else:
+            what = "has no logged reply" if self.mode == "logged" else "produced no reply (free replay)"
+            self.broken = f"turn {index} was skipped and {what}, so this turn has no history to continue from"
+
+    def _label(self) -> str:
+        if self.mode == "free" or (self.model_replies and not self.logged_replies):
+            return "free"
+        return "mixed" if self.model_replies else "logged"
+
+
+def check_replay_mode(requested: str, trajectories: list[Trajectory], task: str) -> None:
+    """An explicit `--replay logged` on data with no logged reply at all would be free replay under another name."""
+    if requested != "logged":
+        return
+    if any(len(t.turns) > 1 for t in trajectories) and not any(t.has_logged_replies for t in trajectories):
+        raise UserError(f"--replay logged: task {task} has no logged assistant replies to replay; "
+                        "use --replay free (or auto)")
