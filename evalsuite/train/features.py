@@ -37,6 +37,10 @@ class FeatureSpec:
     layers: tuple[int, ...]
     topk: int = 32
     batch_tokens: int = 2048  # tokens per teacher-forced batch
+    # > 0: store only the last max_seq_len positions of each sequence (its reply always whole); the target still
+    # runs over the full context, so the stored features are the long-context ones. Bounds the cache for 2k-8k
+    # token agent contexts (about 6 kB per stored position at 5 layers of SmolLM2).
+    max_seq_len: int = 0
 
 
 @dataclass
@@ -53,6 +57,7 @@ class FeatureMeta:
     num_tokens: int
     num_response_tokens: int
     data_sha256: str
+    max_seq_len: int = 0  # see FeatureSpec; 0 = whole sequences
 
 
 class FeatureCache:
@@ -114,7 +119,10 @@ def build_features(target, sequences: list[Sequence], directory: Path, spec: Fea
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     target.check_layer_ids(tuple(spec.layers), "the feature cache")
-    lengths = [len(s.ids) for s in sequences]
+    full = [len(s.ids) for s in sequences]
+    cuts = [min(max(n - spec.max_seq_len, 0), len(s.prompt_ids)) if spec.max_seq_len > 0 else 0
+            for n, s in zip(full, sequences)]
+    lengths = [n - c for n, c in zip(full, cuts)]  # stored positions per sequence
     offsets = np.zeros(len(sequences) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum(lengths)
     total = int(offsets[-1])
@@ -123,6 +131,7 @@ def build_features(target, sequences: list[Sequence], directory: Path, spec: Fea
         topk=spec.topk, hidden_size=target.hidden_size, vocab_size=target.vocab_size,
         num_target_layers=target.num_layers, num_sequences=len(sequences), num_tokens=total,
         num_response_tokens=sum(len(s.response_ids) for s in sequences), data_sha256=_data_hash(sequences),
+        max_seq_len=spec.max_seq_len,
     )
     meta_path, progress_path = directory / "meta.json", directory / "progress.json"
     done = 0
@@ -133,9 +142,11 @@ def build_features(target, sequences: list[Sequence], directory: Path, spec: Fea
                             "delete it or choose another --work-dir")
         done = json.loads(progress_path.read_text())["done"]
     else:
-        np.save(directory / "tokens.npy", np.concatenate([np.asarray(s.ids, dtype=np.int32) for s in sequences]))
+        np.save(directory / "tokens.npy", np.concatenate([np.asarray(s.ids[c:], dtype=np.int32)
+                                                          for s, c in zip(sequences, cuts)]))
         np.save(directory / "offsets.npy", offsets)
-        np.save(directory / "prompt_lens.npy", np.asarray([len(s.prompt_ids) for s in sequences], dtype=np.int32))
+        np.save(directory / "prompt_lens.npy", np.asarray([len(s.prompt_ids) - c for s, c in zip(sequences, cuts)],
+                                                          dtype=np.int32))
         S, H, K = len(spec.layers), target.hidden_size, spec.topk
         for name, shape, dtype in (("greedy.npy", (total,), np.int32), ("topk_ids.npy", (total, K), np.int32),
                                    ("topk_probs.npy", (total, K), np.float16),
@@ -151,27 +162,26 @@ def build_features(target, sequences: list[Sequence], directory: Path, spec: Fea
     with torch.inference_mode():
         while done < len(sequences):
             batch = [done]
-            width = lengths[done]
+            width = full[done]
             while (batch[-1] + 1 < len(sequences)
-                   and max(width, lengths[batch[-1] + 1]) * (len(batch) + 1) <= spec.batch_tokens):
+                   and max(width, full[batch[-1] + 1]) * (len(batch) + 1) <= spec.batch_tokens):
                 batch.append(batch[-1] + 1)
-                width = max(width, lengths[batch[-1]])
+                width = max(width, full[batch[-1]])
             # Right padding needs no attention mask: causal attention never lets a real position see the pad.
             ids = torch.full((len(batch), width), pad, dtype=torch.long, device=target.device)
             for row, seq in enumerate(batch):
-                ids[row, : lengths[seq]] = torch.tensor(sequences[seq].ids, device=target.device)
+                ids[row, : full[seq]] = torch.tensor(sequences[seq].ids, device=target.device)
             out = body(input_ids=ids, output_hidden_states=True, use_cache=False)
-            states = torch.stack([out.hidden_states[j + 1] for j in spec.layers], dim=2)  # [b, T, S, H]
-            logits = head(out.last_hidden_state).float()
-            probs = torch.softmax(logits, dim=-1)
-            top_p, top_i = probs.topk(spec.topk, dim=-1)
-            greedy = logits.argmax(-1)
             for row, seq in enumerate(batch):
-                n, start = lengths[seq], int(offsets[seq])
-                arrays["hidden"][start:start + n] = states[row, :n].to(torch.float16).cpu().numpy()
-                arrays["greedy"][start:start + n] = greedy[row, :n].to(torch.int32).cpu().numpy()
-                arrays["topk_ids"][start:start + n] = top_i[row, :n].to(torch.int32).cpu().numpy()
-                arrays["topk_probs"][start:start + n] = top_p[row, :n].to(torch.float16).cpu().numpy()
+                lo, hi, start = cuts[seq], full[seq], int(offsets[seq])  # stored positions lo..hi of the sequence
+                states = torch.stack([out.hidden_states[j + 1][row, lo:hi] for j in spec.layers], dim=1)  # [n, S, H]
+                logits = head(out.last_hidden_state[row, lo:hi]).float()
+                top_p, top_i = torch.softmax(logits, dim=-1).topk(spec.topk, dim=-1)
+                n = hi - lo
+                arrays["hidden"][start:start + n] = states.to(torch.float16).cpu().numpy()
+                arrays["greedy"][start:start + n] = logits.argmax(-1).to(torch.int32).cpu().numpy()
+                arrays["topk_ids"][start:start + n] = top_i.to(torch.int32).cpu().numpy()
+                arrays["topk_probs"][start:start + n] = top_p.to(torch.float16).cpu().numpy()
             for array in arrays.values():
                 array.flush()
             done = batch[-1] + 1

@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from evalsuite.chat_format import fit_to_template
 from evalsuite.train.data import Conversation
 
 
@@ -28,6 +29,9 @@ class GenerationOptions:
     max_prompt_tokens: int = 384
     max_new_tokens: int = 256
     batch_size: int = 32
+    # cap on (prompt width + max_new_tokens) x prompts per generate call: long agent contexts (2k-8k tokens) go a
+    # few at a time; short chat prompts still go batch_size at a time
+    batch_tokens: int = 20480
 
 
 @dataclass
@@ -48,6 +52,20 @@ def read_sequences(path: Path) -> list[Sequence]:
     return [Sequence(**json.loads(line)) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+def _batches(todo: list[tuple[str, list[int]]], options: GenerationOptions):
+    """Consecutive batches (todo is sorted by length) of at most batch_size prompts and batch_tokens tokens."""
+    batch: list[tuple[str, list[int]]] = []
+    for item in todo:
+        width = max([len(ids) for _, ids in batch] + [len(item[1])])
+        if batch and (len(batch) >= options.batch_size
+                      or (len(batch) + 1) * (width + options.max_new_tokens) > options.batch_tokens):
+            yield batch
+            batch = []
+        batch.append(item)
+    if batch:
+        yield batch
+
+
 def regenerate(target, conversations: list[Conversation], out_path: Path, options: GenerationOptions,
                progress: Callable[[int, int], None] = lambda done, tokens: None) -> dict:
     """Append the target's greedy reply to each conversation to `out_path` (JSONL); skip ids already there."""
@@ -56,7 +74,8 @@ def regenerate(target, conversations: list[Conversation], out_path: Path, option
     for conv in conversations:
         if conv.conv_id in done:
             continue
-        ids = target.render(conv.as_messages())
+        messages, _ = fit_to_template(conv.as_messages(), None, target.chat_template or "")
+        ids = target.render(messages)  # as the evaluation renders it (tool calls and results as text if needed)
         if len(ids) > options.max_prompt_tokens:
             too_long += 1
             continue
@@ -66,8 +85,7 @@ def regenerate(target, conversations: list[Conversation], out_path: Path, option
     stops = target.stop_ids
     new_tokens = 0
     with open(out_path, "a") as fh:
-        for start in range(0, len(todo), options.batch_size):
-            batch = todo[start:start + options.batch_size]
+        for batch in _batches(todo, options):
             width = max(len(ids) for _, ids in batch)
             inputs = torch.tensor([[pad] * (width - len(ids)) + ids for _, ids in batch], device=target.device)
             mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for _, ids in batch], device=target.device)

@@ -60,6 +60,7 @@ class TrainRequest:
     loop: LoopOptions = field(default_factory=LoopOptions)
     command: str = ""
     prepare_only: bool = False  # stop after the feature cache (lets parallel trainings share a finished cache)
+    max_seq_len: int = 0  # feature cache: keep the last N positions of each sequence (0 = whole); FeatureSpec
 
 
 @dataclass
@@ -82,8 +83,8 @@ def work_dir_for(request: TrainRequest, target: TargetModel, target_sha: str) ->
     if request.work_dir is not None:
         return Path(request.work_dir)
     key = json.dumps({"target": target_sha, "data": request.data, "prompts": asdict(request.prompts),
-                      "generation": asdict(request.generation), "extra": [str(p) for p in request.heldout_extra]},
-                     sort_keys=True)
+                      "generation": asdict(request.generation), "extra": [str(p) for p in request.heldout_extra],
+                      **({"max_seq_len": request.max_seq_len} if request.max_seq_len else {})}, sort_keys=True)
     return cache_root() / "train" / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -146,7 +147,7 @@ def prepare_data(request: TrainRequest, target: TargetModel, target_sha: str, la
             if bar:
                 bar.start()
             try:
-                cache = build_features(target, sequences, features_dir, FeatureSpec(layers, request.topk),
+                cache = build_features(target, sequences, features_dir, FeatureSpec(layers, request.topk, max_seq_len=request.max_seq_len),
                                        target_sha, lambda n, tokens: bar.update(handle, advance=n) if bar else None)
             finally:
                 if bar:
@@ -163,6 +164,11 @@ def prepare_data(request: TrainRequest, target: TargetModel, target_sha: str, la
              "heldout": json.loads(heldout_path.read_text())["summary"],
              "selection": json.loads(heldout_path.read_text())["selection"]}
     return work, cache, stats
+
+
+def _no_dirs(item: str) -> str:
+    """A --data item without the directories of its path (committed reports hold no machine paths)."""
+    return ":".join(Path(part).name if "/" in part else part for part in item.split(":"))
 
 
 def build_recipe(method: str, target: TargetModel, cache: FeatureCache, options, train_sequences: list[int]):
@@ -216,7 +222,8 @@ def train(request: TrainRequest, reporter: Reporter = Reporter()) -> dict:
         "validation_history": history.val, "training_seconds": history.seconds, "timings_s": timings,
         "data": data_stats, "recipe": recipe.describe(), "loop": asdict(request.loop),
         "command": request.command or shlex.join(["evalsuite"] + sys.argv[1:]),
-        "torch_threads": torch.get_num_threads(), "data_sources": request.data, "feature_layers": list(cache.layers),
+        "torch_threads": torch.get_num_threads(), "data_sources": [_no_dirs(d) for d in request.data],
+        "max_seq_len": request.max_seq_len, "feature_layers": list(cache.layers),
         "topk": request.topk, "generation": asdict(request.generation),
     }
     write_json(Path(request.out) / "training_report.json", report)
