@@ -40,7 +40,8 @@ def friendly_errors(func):
 
 
 def _parse_drafters(values: list[str], methods: list[str]) -> dict[str, str]:
-    """`--drafter PATH` (one non-baseline method) or `--drafter method=PATH`."""
+    """`--drafter PATH` (one learned method) or `--drafter method=PATH`; a key that names no learned method in
+    --method, or a second checkpoint for one method, is refused (never ignored for the shipped default)."""
     from evalsuite.methods.base import METHODS, get_method
 
     for name in methods:
@@ -48,13 +49,27 @@ def _parse_drafters(values: list[str], methods: list[str]) -> dict[str, str]:
     learned = [m for m in methods if METHODS[m].needs_checkpoint]
     found = {}
     for value in values:
-        if "=" in value and not Path(value).exists():
-            method, path = value.split("=", 1)
-            found[method] = path
+        if "=" in value and not Path(value).expanduser().exists():
+            method, path = (part.strip() for part in value.split("=", 1))
+            if method not in METHODS:
+                raise UserError(f"--drafter {value}: unknown method '{method}'; choose from: "
+                                f"{', '.join(sorted(m for m in METHODS if METHODS[m].needs_checkpoint))}")
+            if method not in methods:
+                raise UserError(f"--drafter {value}: method {method} is not in --method {','.join(methods)}; "
+                                f"add it there or drop this --drafter")
+            if not METHODS[method].needs_checkpoint:
+                raise UserError(f"--drafter {value}: method {method} takes no checkpoint")
+            if not path:
+                raise UserError(f"--drafter {value}: give a checkpoint after '=' (a directory, an HF id or 'random')")
         elif len(learned) == 1:
-            found[learned[0]] = value
+            method, path = learned[0], value
+        elif not learned:
+            raise UserError(f"--drafter {value}: none of --method {','.join(methods)} takes a checkpoint")
         else:
             raise UserError(f"--drafter {value}: with several learned methods write --drafter METHOD=PATH")
+        if method in found:
+            raise UserError(f"--drafter: two checkpoints for {method} ({found[method]}, {path}); give one")
+        found[method] = path
     return found
 
 
@@ -116,9 +131,13 @@ def run(
                                             "setting, e.g. suffix.max_spec_factor=2 (recorded in run.json)."),
 ):
     """Replay a task through the target with the given methods; write per-step records and a summary."""
+    from transformers.utils import logging as hf_logging
+
     from evalsuite.config import RunConfig
     from evalsuite.report_summary import summary_rows
     from evalsuite.runner import Progress as RunProgress, Runner
+
+    hf_logging.disable_progress_bar()  # our own status line and bar; errors stay one line
 
     methods = _infer_auto_method([m.strip() for m in method.split(",") if m.strip()], drafter)
     options = _parse_method_options(method_option)
@@ -126,6 +145,10 @@ def run(
         if name not in methods:
             raise UserError(f"--method-option {name}.…: method {name} is not in --method {','.join(methods)}")
     if confidence_threshold is not None:
+        if "dspark" not in methods:
+            raise UserError("--confidence-threshold applies to dspark only; add dspark to --method or drop it")
+        if not 0 <= confidence_threshold <= 1:
+            raise UserError(f"--confidence-threshold {confidence_threshold}: must be in [0, 1]")
         options.setdefault("dspark", {})["confidence_threshold"] = confidence_threshold
     config = RunConfig(
         methods=methods, task=task, target=target, drafters=_parse_drafters(drafter, methods), device=device,

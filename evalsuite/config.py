@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import platform
 import subprocess
 import sys
@@ -48,14 +49,16 @@ class RunConfig:
     def validate(self) -> None:
         if not 1 <= self.k <= 64:
             raise UserError(f"--k {self.k}: the draft length must be between 1 and 64")
-        if self.temperature < 0:
-            raise UserError(f"--temperature {self.temperature}: must be >= 0")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise UserError(f"--temperature {self.temperature}: must be a finite number >= 0")
         if self.max_new_tokens < 1:
             raise UserError(f"--max-new-tokens {self.max_new_tokens}: must be >= 1")
         if self.limit is not None and self.limit < 1:
             raise UserError(f"--limit {self.limit}: must be >= 1")
         if not 0 < self.top_p <= 1:
             raise UserError(f"--top-p {self.top_p}: must be in (0, 1]")
+        if self.top_k < 0:
+            raise UserError(f"--top-k {self.top_k}: must be >= 0 (0 turns the filter off)")
         if self.replay not in REPLAY_MODES:
             raise UserError(f"--replay {self.replay}: choose from {', '.join(REPLAY_MODES)}")
         if self.context_policy not in CONTEXT_POLICIES:

@@ -26,7 +26,7 @@ from evalsuite.errors import UserError
 from evalsuite.methods.base import Drafter, Sampling, common_prefix_len, get_method
 from evalsuite.records import RunStore, StepRecord, TurnRecord
 from evalsuite.replay import ContextPolicy, MethodReplay, TurnContext, Window, check_replay_mode, make_policy
-from evalsuite.target import TargetModel, text_hash, weights_hash
+from evalsuite.target import TargetModel, cached_weights_hash, text_hash
 from evalsuite.timing import DeviceClock
 from evalsuite.workloads.base import LoadOptions, Trajectory, get_task
 
@@ -104,6 +104,12 @@ class Runner:
     # ---- set-up ---------------------------------------------------------------------------------------------
     def load(self) -> None:
         self.store.prepare()
+        # the data first: a malformed record or a bad --subset is reported before seconds of model loading
+        self.trajectories = self.task.load(LoadOptions(self.config.limit, self.config.seed, self.config.data_path,
+                                                       self.config.subset))
+        if not self.trajectories:
+            raise UserError(f"task {self.config.task}: no samples to run")
+        check_replay_mode(self.config.replay, self.trajectories, self.config.task)
         self.target = TargetModel.load(self.config.target, self.config.device, self.config.dtype,
                                        self.config.weight_layout)
         self._clock = DeviceClock(self.target.device)
@@ -116,13 +122,9 @@ class Runner:
             drafter = info.factory(self.target, options)
             self.target.check_layer_ids(drafter.feature_layers, f"method {info.name}")
             self.drafters[info.name] = drafter
-        self.trajectories = self.task.load(LoadOptions(self.config.limit, self.config.seed, self.config.data_path,
-                                                       self.config.subset))
-        if not self.trajectories:
-            raise UserError(f"task {self.config.task}: no samples to run")
         for trajectory in self.trajectories:
             self._check_prompt_ids(trajectory)
-        check_replay_mode(self.config.replay, self.trajectories, self.config.task)
+        self._check_chat_template()
         self._write_config()
 
     def describe(self) -> dict:
@@ -136,7 +138,7 @@ class Runner:
             "weight_layout": target.weight_layout,
             "target_name": target.name,
             "target_path": target.model_dir,
-            "target_sha256": _cached_weights_hash(target.model_dir),
+            "target_sha256": cached_weights_hash(target.model_dir),
             "target_max_context": target.max_context,
             "chat_template_sha256": text_hash(target.chat_template),
             "tokenizer_sha256": text_hash(json.dumps(target.tokenizer.get_vocab(), sort_keys=True)),
@@ -178,7 +180,7 @@ class Runner:
         """One short untimed decode per method so that no recorded turn pays first-call costs."""
         if not self.config.warmup:
             return
-        ids = self._render(WARMUP_PROMPT, None)
+        ids = self._warmup_ids()
         for drafter in self.drafters.values():
             prefix = PrefixCache(self.target, drafter.feature_layers)
             prefix.prefill(ids)
@@ -251,6 +253,19 @@ class Runner:
                 raise UserError(f"sample {trajectory.sample_id}: prompt_ids hold ids outside the target's vocabulary "
                                 f"(0..{self.target.vocab_size - 1})")
 
+    def _check_chat_template(self) -> None:
+        if not self.target.chat_template and any(t.prompt_ids is None for tr in self.trajectories for t in tr.turns):
+            raise UserError(f"target {self.target.name} has no chat template, so it cannot render the chat records "
+                            f"of task {self.config.task}; use a chat model, or --task custom with prompt_ids records")
+
+    def _warmup_ids(self) -> list[int]:
+        """A short chat prompt, or the first record's own ids when every record is raw ids (a base model without a
+        chat template must warm up too)."""
+        turns = [turn for trajectory in self.trajectories for turn in trajectory.turns]
+        if turns and all(turn.prompt_ids is not None for turn in turns):
+            return list(turns[0].prompt_ids[:32])
+        return self._render(WARMUP_PROMPT, None)
+
     def _decode(self, drafter: Drafter, prefix: PrefixCache, ids: list[int], max_new_tokens: int,
                 generator: torch.Generator) -> TurnResult:
         context = torch.tensor(ids, dtype=torch.long, device=self.target.device)
@@ -293,25 +308,3 @@ def _speedup(baseline: TurnRecord, record: TurnRecord) -> float:
     if not (baseline.new_tokens and record.new_tokens and record.decode_s > 0 and baseline.decode_s > 0):
         return float("nan")
     return (baseline.decode_s / baseline.new_tokens) / (record.decode_s / record.new_tokens)
-
-
-def _cached_weights_hash(model_dir: str) -> str:
-    """Hashing 0.5 GB takes seconds; remember it next to the weights, keyed by size and mtime."""
-    path = Path(model_dir)
-    if not path.is_dir():
-        return weights_hash(model_dir)
-    files = sorted(path.glob("*.safetensors"))
-    stamp = ";".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
-    sidecar = path / ".evalsuite-sha256.json"
-    try:
-        saved = json.loads(sidecar.read_text())
-        if saved.get("stamp") == stamp:
-            return saved["sha256"]
-    except (OSError, ValueError, KeyError):
-        pass
-    digest = weights_hash(model_dir)
-    try:
-        sidecar.write_text(json.dumps({"stamp": stamp, "sha256": digest}))
-    except OSError:
-        pass
-    return digest

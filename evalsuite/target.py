@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 from platformdirs import user_cache_dir
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from evalsuite.errors import UserError
@@ -70,10 +71,11 @@ def resolve_target_path(spec: str) -> str:
     """`default` → the embedded SmolLM2; an existing directory → itself; anything else → an HF hub id."""
     if spec in (DEFAULT_TARGET, "", None):
         return str(default_target_dir())
-    if Path(spec).exists():
-        if not (Path(spec) / "config.json").exists():
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
             raise UserError(f"--target {spec}: no config.json there; point it at a Hugging Face model directory")
-        return spec
+        return str(path)
     if spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") != 1:
         raise UserError(f"--target {spec}: no such directory")
     return spec
@@ -98,6 +100,33 @@ def weights_hash(model_dir: str) -> str:
         digest.update(f.name.encode())
         digest.update(file_sha256(f).encode())
     return digest.hexdigest()
+
+
+def cached_weights_hash(model_dir: str) -> str:
+    """`weights_hash`, remembered under evalsuite's cache dir (hashing 0.5 GB takes seconds), keyed by the model
+    directory and its safetensors files' names, sizes and mtimes; never written into the model directory, which
+    may be read-only or shared."""
+    path = Path(model_dir)
+    if not path.is_dir():
+        return weights_hash(model_dir)
+    path = path.resolve()
+    stamp = ";".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in sorted(path.glob("*.safetensors")))
+    record = cache_root() / "weights-sha256" / f"{hashlib.sha256(str(path).encode()).hexdigest()[:24]}.json"
+    try:
+        saved = json.loads(record.read_text())
+        if saved.get("path") == str(path) and saved.get("stamp") == stamp:
+            return saved["sha256"]
+    except (OSError, ValueError, KeyError, AttributeError):
+        pass
+    digest = weights_hash(str(path))
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        tmp = record.with_name(f"{record.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"path": str(path), "stamp": stamp, "sha256": digest}))
+        tmp.replace(record)
+    except OSError:
+        pass  # an unwritable cache only costs the hash next time
+    return digest
 
 
 def text_hash(text: str | None) -> str:
@@ -146,9 +175,13 @@ class TargetModel:
             raise UserError("--device cuda: no CUDA device is visible; use --device cpu")
         torch_dtype = _parse_dtype(dtype, dev)
         path = resolve_target_path(spec)
+        _check_local_weights(spec, path)
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, use_safetensors=True)
+        except SafetensorError as err:
+            raise UserError(f"--target {spec}: a safetensors file there is unreadable ({err}); re-download the "
+                            "model") from None
         except OSError as err:
             if not Path(path).exists():
                 raise UserError(
@@ -280,6 +313,17 @@ class OneDnnBlockLinear(torch.nn.Linear):
         flat = x.reshape(rows, x.shape[-1]).contiguous().to_mkldnn()
         out = torch.ops.aten.mkldnn_linear(flat, self.onednn_weight, self.onednn_bias).to_dense()
         return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def _check_local_weights(spec: str, path: str) -> None:
+    """A local target must hold safetensors weights: pickled ones (*.bin, *.pt) are never loaded."""
+    directory = Path(path)
+    if not directory.is_dir() or any(directory.glob("*.safetensors")):
+        return
+    pickled = sorted(p.name for pattern in ("*.bin", "*.pt", "*.pth", "*.ckpt") for p in directory.glob(pattern))
+    hint = f" (found {', '.join(pickled[:3])}: pickled weights are never loaded; convert them to safetensors)" \
+        if pickled else ""
+    raise UserError(f"--target {spec}: no *.safetensors weights there{hint}")
 
 
 def _parse_dtype(dtype: str | None, device: torch.device) -> torch.dtype:

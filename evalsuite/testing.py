@@ -4,6 +4,7 @@ a real target runs unchanged on them."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -58,3 +59,13 @@ def build_tiny_target(directory: str | Path, arch: str = "llama", seed: int = 0,
     model.save_pretrained(directory, safe_serialization=True)
     byte_tokenizer().save_pretrained(directory)
     return directory
+
+
+def drop_chat_template(directory: str | Path) -> None:
+    """Turn a saved target into a base model without a chat template (raw-id runs only)."""
+    directory = Path(directory)
+    (directory / "chat_template.jinja").unlink(missing_ok=True)
+    config_path = directory / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("chat_template", None)
+    config_path.write_text(json.dumps(config))

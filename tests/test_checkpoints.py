@@ -99,10 +99,14 @@ def test_strict_weight_loading(tmp_path):
 
 
 def test_drafter_source_prefers_option_then_shipped_default(tmp_path, monkeypatch):
-    monkeypatch.setattr(checkpoints, "DEFAULT_DRAFTER_ROOT", tmp_path)
-    assert drafter_source("dlite", {}) is None
-    (tmp_path / "dlite").mkdir()
-    assert drafter_source("dlite", {}) is None  # an empty placeholder directory is not a checkpoint
-    (tmp_path / "dlite" / "config.json").write_text("{}")
-    assert drafter_source("dlite", {}) == str(tmp_path / "dlite")
+    monkeypatch.setattr(checkpoints, "DEFAULT_DRAFTER_ROOT", tmp_path / "drafters")
+    # never a silent random init: no --drafter and no shipped default is a one-line error saying what to pass
+    with pytest.raises(UserError, match="no baselines/drafters/.*--drafter dlite=DIR"):
+        drafter_source("dlite", {})
+    (tmp_path / "drafters" / "dlite").mkdir(parents=True)
+    with pytest.raises(UserError, match="no shipped default in baselines/drafters/dlite/"):
+        drafter_source("dlite", {})  # an empty placeholder directory is not a checkpoint
+    (tmp_path / "drafters" / "dlite" / "config.json").write_text("{}")
+    assert drafter_source("dlite", {}) == str(tmp_path / "drafters" / "dlite")
     assert drafter_source("dlite", {"drafter": "org/name"}) == "org/name"
+    assert drafter_source("dlite", {"drafter": "random"}) is None

@@ -4,7 +4,8 @@ Stable API (other method modules import these names; keep their signatures):
 
 - `drafter_source(method, options) -> str | None`
       what to load: `options["drafter"]` (`--drafter`), else the shipped default `baselines/drafters/<method>/`
-      when it holds a config.json, else None (the caller then builds a random-init drafter).
+      when it holds a config.json; None only for `--drafter METHOD=random` (the caller then builds a random-init
+      drafter). No --drafter and no shipped default is a one-line `UserError`, never a silent random init.
 - `resolve_checkpoint_dir(source) -> Path`
       a local directory as is; anything else is an HF hub id fetched with `huggingface_hub.snapshot_download`
       (cache first, then the network); failure is a one-line `UserError`.
@@ -26,11 +27,12 @@ from pathlib import Path
 
 import torch
 
+from evalsuite.bundled import bundled_path
 from evalsuite.errors import UserError
 from evalsuite.target import weights_hash
 
-# Trained default drafters shipped with the repository, one directory per method (filled by the training work).
-DEFAULT_DRAFTER_ROOT = Path(__file__).resolve().parents[2] / "baselines" / "drafters"
+# Trained default drafters shipped with the repository (and packed into wheels), one directory per method.
+DEFAULT_DRAFTER_ROOT = bundled_path("baselines/drafters")
 
 _CONFIG = "config.json"
 _INDEX = "model.safetensors.index.json"
@@ -52,8 +54,8 @@ RANDOM_INIT = "random"  # `--drafter METHOD=random`: an untrained drafter of the
 
 
 def drafter_source(method: str, options: dict) -> str | None:
-    """Checkpoint dir / HF id to load, or None for a random-init drafter: `--drafter` wins, then the shipped
-    default under baselines/drafters/<method>/, then random init."""
+    """Checkpoint dir / HF id to load, or None for a random-init drafter (`--drafter METHOD=random` only):
+    `--drafter` wins, then the shipped default under baselines/drafters/<method>/."""
     if options.get("drafter") == RANDOM_INIT:
         return None
     if options.get("drafter"):
@@ -61,7 +63,10 @@ def drafter_source(method: str, options: dict) -> str | None:
     default = DEFAULT_DRAFTER_ROOT / method
     if (default / _CONFIG).exists():
         return str(default)
-    return None
+    where = "this install has no baselines/drafters/ (installed without its bundled data)" \
+        if not DEFAULT_DRAFTER_ROOT.is_dir() else f"no shipped default in baselines/drafters/{method}/"
+    raise UserError(f"method {method}: no --drafter given and {where}; pass --drafter {method}=DIR "
+                    f"(or {method}=random for an untrained drafter)")
 
 
 def _looks_like_path(source: str) -> bool:
@@ -133,7 +138,14 @@ def detect_method(config: dict) -> str:
 def _safetensors_files(directory: Path) -> list[Path]:
     index = directory / _INDEX
     if index.exists():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise UserError(f"drafter {index} is unreadable ({type(err).__name__}); re-download the checkpoint") \
+                from None
+        missing = [n for n in names if not (directory / n).is_file()]
+        if missing:
+            raise UserError(f"drafter {directory}: {_few(missing)} listed in {_INDEX} missing; re-download it")
         return [directory / n for n in names]
     files = sorted(directory.glob("*.safetensors"))
     if not files:
@@ -146,11 +158,17 @@ def _safetensors_files(directory: Path) -> list[Path]:
 
 def load_state_dict(directory: Path | str, device: torch.device | str = "cpu",
                     dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     state: dict[str, torch.Tensor] = {}
     for file in _safetensors_files(Path(directory)):
-        for key, tensor in load_file(str(file), device=str(device)).items():
+        try:
+            tensors = load_file(str(file), device=str(device))
+        except (SafetensorError, OSError) as err:
+            raise UserError(f"drafter {file}: not a readable safetensors file ({err}); re-download the checkpoint") \
+                from None
+        for key, tensor in tensors.items():
             if dtype is not None and tensor.is_floating_point():
                 tensor = tensor.to(dtype)
             state[key] = tensor

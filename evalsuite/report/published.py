@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from evalsuite.bundled import bundled_path
 from evalsuite.errors import UserError
 from evalsuite.report import stats
 from evalsuite.report.load import Results
 from evalsuite.report.tables import Cell, Table, half_width
 
-PUBLISHED_DIR = Path(__file__).resolve().parents[2] / "baselines" / "published"
+PUBLISHED_DIR = bundled_path("baselines/published")
 REQUIRED = ("paper", "table", "target", "method", "task", "subset", "temperature", "metric", "value", "source")
 METRICS = ("tau", "speedup")
 COMPARISON_COLUMNS = ["method", "task", "temperature", "our_target", "our_tau", "our_tau_ci_low", "our_tau_ci_high",

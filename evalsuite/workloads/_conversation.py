@@ -40,7 +40,8 @@ def message_text(content, where: str) -> str:
 
 
 def tool_call(call, where: str) -> dict:
-    """One OpenAI tool call, normalized: arguments as a dict when they are a JSON object string."""
+    """One OpenAI tool call, normalized: arguments as a dict (a JSON object string is parsed). Arguments that are
+    not a JSON object are refused: chat templates render them as an object, so a replay could not be faithful."""
     if not isinstance(call, dict):
         raise UserError(f"{where}: a tool call must be an object")
     function = call.get("function", call)
@@ -50,10 +51,12 @@ def tool_call(call, where: str) -> dict:
     arguments = function.get("arguments", {})
     if isinstance(arguments, str):
         try:
-            parsed = json.loads(arguments) if arguments.strip() else {}
-            arguments = parsed if isinstance(parsed, dict) else arguments
-        except json.JSONDecodeError:
-            pass  # keep the logged string: templates print it as it is
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as err:
+            raise UserError(f"{where} ({name}): arguments are not valid JSON ({err.msg} at character {err.pos}); "
+                            "fix the record") from None
+    if not isinstance(arguments, dict):
+        raise UserError(f"{where} ({name}): arguments must be a JSON object, got {type(arguments).__name__}")
     out = {"type": "function", "function": {"name": name, "arguments": arguments}}
     if call.get("id"):
         out["id"] = str(call["id"])

@@ -234,7 +234,7 @@ def sample_trajectory(row: dict, where: str, path: Path, final_only: bool) -> Tr
 @register_task("agentlongbench", "long-context agent rollouts (guess-the-entity with tools, 32k-4M tokens): "
                "per-round replay, question last; hub only", licence="MIT",
                source=f"HF {HUB_ID} (euReKa025/AgentLongBench); DLite prepare_agentlongbench_acceptance.py",
-               default_replay="logged")
+               default_replay="logged", subsets=("[final:]<filter>, e.g. 64k, ki-c/128k, final:64k",), bundled=False)
 def load(options: LoadOptions) -> list[Trajectory]:
     final_only, wanted = parse_subset(options.subset)
     root = _data_root(options)

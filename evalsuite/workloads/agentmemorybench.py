@@ -131,7 +131,7 @@ def category_trajectories(category: str, rows: list[tuple[str, dict]]) -> list[T
 @register_task("agentmemorybench", "long-context memory QA (fact consolidation, event QA, detective stories), "
                "DLite's acceptance prompts; hub only", licence="MIT",
                source=f"HF {HUB_ID} (HUST-AI-HYZ/MemoryAgentBench); DLite memoryagentbench_acceptance.py",
-               default_replay="free")
+               default_replay="free", subsets=tuple(CATEGORIES), bundled=False)
 def load(options: LoadOptions) -> list[Trajectory]:
     if options.subset is not None and options.subset not in CATEGORIES:
         raise UserError(f"--subset {options.subset}: agentmemorybench has subsets {', '.join(CATEGORIES)}")

@@ -21,9 +21,13 @@ def format_prompt(instruction: str, input_text: str | None) -> str:
 
 @register_task("alpaca", "Stanford Alpaca instructions (80 EAGLE records; 805 AlpacaEval with --subset alpaca_eval), "
                "one turn", licence="CC BY-NC 4.0 (non-commercial use only)",
-               source="SafeAILab/EAGLE eagle/data/alpaca; tatsu-lab/alpaca_eval; HF tatsu-lab/alpaca train")
+               source="SafeAILab/EAGLE eagle/data/alpaca; tatsu-lab/alpaca_eval; HF tatsu-lab/alpaca train",
+               subsets=tuple(BUNDLED))
 def load(options: LoadOptions) -> list[Trajectory]:
     if options.data_path:
+        if options.subset is not None:
+            raise UserError(f"--subset {options.subset}: alpaca's subsets pick a bundled file; with --data-path "
+                            "drop --subset")
         rows = task_rows("alpaca", options, BUNDLED["eagle"], HUB)
     else:
         subset = options.subset or "eagle"

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from evalsuite.bundled import bundled_path, require_bundled
 from evalsuite.errors import UserError
 
-TASKS_DIR = Path(__file__).resolve().parents[2] / "tasks"
+TASKS_DIR = bundled_path("tasks")
 
 
 @dataclass
@@ -52,14 +53,27 @@ class TaskInfo:
     default_replay: str  # "free" or "logged"
     licence: str
     source: str
+    subsets: tuple[str, ...] = ()  # what --subset accepts (for messages); empty: the task has none
 
 
 TASKS: dict[str, TaskInfo] = {}
 
 
-def register_task(name: str, summary: str, licence: str, source: str, default_replay: str = "free"):
+def register_task(name: str, summary: str, licence: str, source: str, default_replay: str = "free",
+                  subsets: tuple[str, ...] = (), bundled: bool = True):
+    """Register an adapter. `subsets`: what --subset accepts (the adapter checks the names); `bundled`: whether
+    the task reads tasks/ when no --data-path is given. Before the adapter runs, a --subset for a task without
+    subsets is refused, and so is a run on bundled data when this install has none."""
+
     def wrap(load: Callable[[LoadOptions], list[Trajectory]]):
-        TASKS[name] = TaskInfo(name, load, summary, default_replay, licence, source)
+        def checked_load(options: LoadOptions) -> list[Trajectory]:
+            if options.subset is not None and not subsets:
+                raise UserError(f"--subset {options.subset}: task {name} has no subsets; drop --subset")
+            if options.data_path is None and bundled:
+                require_bundled("tasks", f"the bundled data of task {name}", "pass --data-path")
+            return load(options)
+
+        TASKS[name] = TaskInfo(name, checked_load, summary, default_replay, licence, source, tuple(subsets))
         return load
 
     return wrap

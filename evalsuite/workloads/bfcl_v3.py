@@ -122,7 +122,7 @@ def _files(options: LoadOptions) -> tuple[Path, Path, Path]:
 @register_task("bfcl-v3", "function calling over 1-7 user turns (200 multi-turn base / long_context entries); "
                "ground-truth calls as logged assistant turns", licence="Apache-2.0",
                source="ShishirPatil/gorilla berkeley-function-call-leaderboard bfcl_eval/data (v3, cd9429c)",
-               default_replay="logged")
+               default_replay="logged", subsets=SUBSETS)
 def load(options: LoadOptions) -> list[Trajectory]:
     root, question_file, answer_file = _files(options)
     answers = {}

@@ -46,7 +46,8 @@ def _bundled_rows() -> list[tuple[str, dict]]:
 
 @register_task("longbench-v2", "long-context multiple-choice QA (17 bundled items of 503); one long turn; "
                "--subset for DLite's domain shards", licence="Apache-2.0 (data); MIT (markdown copy)",
-               source="itsnamgyu/longbench2_md (THUDM LongBench-v2 data.json); HF THUDM/LongBench-v2 train")
+               source="itsnamgyu/longbench2_md (THUDM LongBench-v2 data.json); HF THUDM/LongBench-v2 train",
+               subsets=tuple(SUBSETS))
 def load(options: LoadOptions) -> list[Trajectory]:
     if options.subset is not None and options.subset not in SUBSETS:
         raise UserError(f"--subset {options.subset}: longbench-v2 has subsets {', '.join(SUBSETS)}")

