@@ -326,11 +326,30 @@ def _fmt(value, digits: int = 2) -> str:
 
 
 def main() -> None:
+    """The `evalsuite` entry point: usage errors (a bad option value, an unknown option) are one line too."""
     try:
-        app()
-    except UserError as err:  # errors raised outside a command body (option callbacks)
-        console.print(f"[bold red]error:[/] {escape(str(err))}")
+        from typer._click import exceptions as click_errors  # recent typer vendors click
+    except ImportError:
+        from click import exceptions as click_errors
+
+    try:
+        code = app(standalone_mode=False)
+    except click_errors.NoArgsIsHelpError as err:
+        err.show()
+        sys.exit(err.exit_code)
+    except click_errors.UsageError as err:
+        message = " ".join(err.format_message().split())
+        command = err.ctx.command_path if err.ctx else "evalsuite"
+        console.print(f"[bold red]error:[/] {escape(message)} (see {command} --help)", highlight=False,
+                      soft_wrap=True)
         sys.exit(2)
+    except click_errors.Abort:
+        console.print("aborted")
+        sys.exit(130)
+    except UserError as err:  # errors raised outside a command body (option callbacks)
+        console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -168,7 +168,7 @@ class TargetModel:
              weight_layout: str = "auto") -> "TargetModel":
         """`weight_layout`: how the Linear weights are stored and multiplied ("auto": column-major plus oneDNN
         block kernels on CPU, as loaded elsewhere; see `use_column_major_linears`)."""
-        dev = torch.device(device)
+        dev = parse_device(device)
         if weight_layout not in WEIGHT_LAYOUTS:
             raise UserError(f"--weight-layout {weight_layout}: choose from {', '.join(WEIGHT_LAYOUTS)}")
         if dev.type == "cuda" and not torch.cuda.is_available():
@@ -260,6 +260,19 @@ class TargetModel:
         if bad:
             raise UserError(f"{who} reads target layers {bad}, but the target has only {self.num_layers} layers "
                             f"(valid ids: -1 for the embeddings, 0..{self.num_layers - 1})")
+
+
+def parse_device(device: str) -> torch.device:
+    """`cpu` or `cuda[:N]` (a visible device), else a one-line UserError."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise UserError(f"--device {device}: use cpu or cuda[:N]") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise UserError(f"--device {device}: use cpu or cuda[:N]")
+    if dev.type == "cuda" and torch.cuda.is_available() and (dev.index or 0) >= torch.cuda.device_count():
+        raise UserError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    return dev
 
 
 def resolve_weight_layout(layout: str, device: torch.device) -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -69,6 +71,8 @@ CLI_CASES = {
     "unknown context policy": (["--context-policy", "wrap"], ["--context-policy wrap"]),
     "unknown weight layout": (["--weight-layout", "diagonal"], ["--weight-layout diagonal"]),
     "unknown dtype": (["--dtype", "float8"], ["--dtype float8"]),
+    "unknown device": (["--device", "gpu"], ["--device gpu", "cpu or cuda[:N]"]),
+    "device of another kind": (["--device", "meta"], ["--device meta", "cpu or cuda[:N]"]),
     "bfloat16 on cpu": (["--dtype", "bfloat16"], ["--dtype bfloat16", "CPU"]),
     "drafter key typo": (["--method", "dlite", "--drafter", "dlitee=some/dir"], ["--drafter dlitee=some/dir",
                                                                                  "unknown method 'dlitee'"]),
@@ -111,6 +115,19 @@ CLI_CASES = {
 @pytest.mark.parametrize("args, needles", CLI_CASES.values(), ids=CLI_CASES.keys())
 def test_bad_command_line(base, args, needles):
     assert_one_line_error(run_cli(*base, *args), *needles)
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["run", "--k", "abc"], ["Invalid value for '--k'", "run --help"]),
+    (["run", "--tmperature", "0.5"], ["No such option: --tmperature"]),
+    (["nosuch"], ["No such command 'nosuch'"]),
+])
+def test_usage_errors_through_the_entry_point(args, needles):
+    """Errors that Click finds while parsing (before a command runs) are one line too, via `main()`."""
+    proc = subprocess.run([sys.executable, "-c", "from evalsuite.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and not proc.stdout.strip(), proc.stdout + proc.stderr
+    assert_one_line_error(SimpleNamespace(exit_code=proc.returncode, output=proc.stderr), *needles)
 
 
 def test_no_cuda_device(base):
