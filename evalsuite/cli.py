@@ -104,7 +104,8 @@ def run(
     method: str = typer.Option("ngram", "--method", "-m", help="Comma-separated methods, e.g. dlite,eagle3,ngram,ar; 'auto' reads it from --drafter's config.json."),
     task: str = typer.Option("gsm8k", "--task", "-t", help="Task name (see `evalsuite tasks`)."),
     target: str = typer.Option("default", help="Target: 'default' (embedded SmolLM2-135M-Instruct), a local dir or an HF id."),
-    drafter: list[str] = typer.Option([], help="Drafter checkpoint: PATH or METHOD=PATH (dir or HF id)."),
+    drafter: list[str] = typer.Option([], help="Drafter checkpoint: PATH or METHOD=PATH (dir, HF id, or "
+                                                    "'random'), repeatable; METHOD must be in --method."),
     k: int = typer.Option(7, "--k", help="Draft tokens per verify step."),
     temperature: float = typer.Option(0.0, help="0 = greedy (exact-match verification); >0 = rejection sampling."),
     top_p: float = typer.Option(1.0, help="Target nucleus filter (T>0)."),
@@ -113,7 +114,7 @@ def run(
     limit: Optional[int] = typer.Option(None, help="Samples to run (seeded subset)."),
     seed: int = typer.Option(0, help="Subset selection and sampling seed."),
     device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
-    dtype: Optional[str] = typer.Option(None, help="float32 (default) or bfloat16 (CUDA only)."),
+    dtype: Optional[str] = typer.Option(None, help="float32 (default); bfloat16 or float16 on CUDA only."),
     weight_layout: str = typer.Option("auto", help="auto | row-major | column-major | column-major+onednn: the "
                                       "target's Linear weight storage and kernels (auto: column-major+onednn on "
                                       "CPU, the fastest for decode and verify there; row-major elsewhere)."),
@@ -123,9 +124,12 @@ def run(
     context_policy: str = typer.Option("stop", help="stop | truncate-left, when a context reaches the target maximum."),
     max_turns: Optional[int] = typer.Option(None, help="Cap on turns per trajectory."),
     enable_thinking: bool = typer.Option(False, help="Passed to the chat template and recorded."),
-    data_path: Optional[str] = typer.Option(None, help="Full local copy of the task's data in its native format."),
-    subset: Optional[str] = typer.Option(None, help="Task subset (e.g. LongBench v2 domain)."),
-    confidence_threshold: Optional[float] = typer.Option(None, help="DSpark: truncate the block at the first low-confidence slot."),
+    data_path: Optional[str] = typer.Option(None, help="Full local copy of the task's data in its native "
+                                             "format, or 'hub' (or an owner/name id) for the Hugging Face copy."),
+    subset: Optional[str] = typer.Option(None, help="Task subset (e.g. LongBench v2 domain); only for "
+                                          "tasks that have subsets (docs/tasks.md)."),
+    confidence_threshold: Optional[float] = typer.Option(None, help="DSpark (in [0, 1]): truncate the block "
+                                                      "at the first slot whose confidence is below it."),
     warmup: bool = typer.Option(True, help="Untimed warm-up decode before recording."),
     method_option: list[str] = typer.Option([], "--method-option", help="METHOD.KEY=VALUE, repeatable: a method "
                                             "setting, e.g. suffix.max_spec_factor=2 (recorded in run.json)."),

@@ -34,7 +34,8 @@ def _raw_trajectory(sample_id: str, ids, where: str) -> Trajectory:
 
 @register_task("custom", "your own trajectories: --data-path FILE.jsonl with {id, messages} (OpenAI-style, tool calls "
                "allowed, turn per assistant message) or {id, prompt_ids} (raw ids, no template)",
-               licence="that of your data", source="--data-path FILE.jsonl (docs/tasks.md)", default_replay="logged", bundled=False)
+               licence="that of your data", source="--data-path FILE.jsonl (docs/tasks.md)", default_replay="logged",
+               bundled=False)
 def load(options: LoadOptions) -> list[Trajectory]:
     if not options.data_path:
         raise UserError("--task custom needs --data-path FILE.jsonl with {\"id\", \"messages\"} or "
