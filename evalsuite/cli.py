@@ -232,6 +232,9 @@ def report(
     allow_mixed: bool = typer.Option(False, help="Merge runs whose drift-relevant configuration differs."),
     seed: int = typer.Option(0, help="Bootstrap seed (the CIs are deterministic given it)."),
     resamples: int = typer.Option(2000, help="Bootstrap resamples per CI."),
+    task: Optional[str] = typer.Option(None, "--task", help="Only these tasks (comma-separated task labels)."),
+    method: Optional[str] = typer.Option(None, "--method", help="Only these methods (comma-separated); the `ar` "
+                                                                "baseline always stays."),
 ):
     """Tables, figures and an HTML page from stored runs (never reruns anything)."""
     from evalsuite.report.build import parse_formats, write_report
@@ -239,11 +242,16 @@ def report(
     if resamples < 100:
         raise UserError(f"--resamples {resamples}: use at least 100 for a meaningful 95 % interval")
     with console.status("building the report…"):
-        result = write_report(results_dirs, out_dir, parse_formats(formats), allow_mixed, seed, resamples)
+        result = write_report(results_dirs, out_dir, parse_formats(formats), allow_mixed, seed, resamples,
+                              tasks=_names(task), methods=_names(method))
     for note in result.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
     index = out_dir / "index.html"
     console.print(f"{len(result.files)} files in {out_dir}" + (f"; open {index}" if index in result.files else ""))
+
+
+def _names(value: str | None) -> list[str] | None:
+    return [v.strip() for v in value.split(",") if v.strip()] if value else None
 
 
 @app.command()

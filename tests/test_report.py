@@ -17,7 +17,7 @@ from evalsuite.report import stats
 from evalsuite.report.build import parse_formats, write_report
 from evalsuite.report.load import load_results
 from evalsuite.report.published import PUBLISHED_DIR, comparison_table, load_published
-from evalsuite.report.tables import Cell, long_agentic_table, mark_best, tau_table, to_latex, to_markdown
+from evalsuite.report.tables import Cell, headline_tables, mark_best, to_latex, to_markdown
 
 BASE_CONFIG = {"target_sha256": "t" * 64, "chat_template_sha256": "c" * 16, "enable_thinking": False,
                "temperature": 0.0, "top_p": 1.0, "top_k": 0, "k": 3, "max_new_tokens": 64, "seed": 0,
@@ -26,10 +26,11 @@ BASE_CONFIG = {"target_sha256": "t" * 64, "chat_template_sha256": "c" * 16, "ena
 
 
 def turn(steps, decode_s=1.0, new_tokens=10, ar_decode_s=2.0, ar_new_tokens=10, stop_reason="eos",
-         context_len=100):
+         context_len=100, output_ids=(1, 2, 3)):
     """One turn: `steps` as (num_drafted, num_accepted) pairs."""
     return {"steps": steps, "decode_s": decode_s, "new_tokens": new_tokens, "ar_decode_s": ar_decode_s,
-            "ar_new_tokens": ar_new_tokens, "stop_reason": stop_reason, "context_len": context_len}
+            "ar_new_tokens": ar_new_tokens, "stop_reason": stop_reason, "context_len": context_len,
+            "output_ids": list(output_ids)}
 
 
 def skipped_turn(context_len=5000):
@@ -59,7 +60,8 @@ def write_run(directory: Path, task: str, methods: dict[str, dict[str, list[dict
                     new_tokens=t["new_tokens"], num_steps=len(t["steps"]), prefill_s=0.1, draft_prefill_s=0.0,
                     decode_s=t["decode_s"], tau=float("nan"), ar_decode_s=t["ar_decode_s"],
                     ar_new_tokens=t["ar_new_tokens"], speedup=float("nan"), stop_reason=t["stop_reason"],
-                    skip_reason="too long" if t["stop_reason"] == "skipped" else "", dropped_tokens=0))
+                    skip_reason="too long" if t["stop_reason"] == "skipped" else "", dropped_tokens=0,
+                    output_ids=t["output_ids"]))
             store.write_trajectory(method, sample_id, step_records, turn_records)
     store.write_config({**BASE_CONFIG, "task": task, "methods": list(methods), "run_id": directory.name,
                         "sample_ids": sorted({s for samples in methods.values() for s in samples}), **config})
@@ -125,42 +127,64 @@ def test_marginal_rates_sum_to_tau_minus_one_for_fixed_draft_length():
     assert table.marginal.sum() == pytest.approx(stats.tau(steps) - 1)
 
 
-def test_table1_bolds_the_best_of_each_column_and_computes_the_mean(general_run, chat_run):
+def test_table1_puts_tau_and_speedup_side_by_side_per_task_with_a_mean(general_run, chat_run):
     results = load_results([general_run, chat_run])
     summary = stats.summarize(results.steps, results.turns, seed=0, n_resamples=200)
-    table = tau_table(summary, results.methods, results.tasks)
-    assert table.header == ["Method", "gsm8k", "mt-bench", "Mean"]
+    (table,) = headline_tables(summary, results.methods, results.tasks)  # one temperature: one block
+    assert table.name == "table1_T0"
+    assert [name.split(" (")[0] for name, _ in table.groups] == ["", "gsm8k", "mt-bench", "Mean"]
+    assert table.groups[1][0] == "gsm8k (n=2, 3 turns)"
+    assert table.header == ["Method"] + ["τ", "speedup"] * 3
     rows = {row[0].value: row for row in table.rows}
     assert set(rows) == {"alpha", "beta"}  # the ar baseline is omitted
     alpha, beta = rows["alpha"], rows["beta"]
     assert alpha[1].value == pytest.approx(13 / 6) and beta[1].value == pytest.approx(1.0)
-    assert alpha[2].value == pytest.approx(1.5) and beta[2].value == pytest.approx(3.0)
-    assert alpha[3].value == pytest.approx((13 / 6 + 1.5) / 2) and beta[3].value == pytest.approx(2.0)
-    assert [c.bold for c in alpha[1:]] == [True, False, False]
-    assert [c.bold for c in beta[1:]] == [False, True, True]
+    assert alpha[2].value == pytest.approx((6.0 / 25) / (3.5 / 25))
+    assert alpha[3].value == pytest.approx(1.5) and beta[3].value == pytest.approx(3.0)
+    assert alpha[5].value == pytest.approx((13 / 6 + 1.5) / 2) and beta[5].value == pytest.approx(2.0)
+    # mt-bench has one trajectory: value and n=1, no interval, and it is never bolded
+    assert alpha[3].text() == "1.50 (n=1) †" and "±" not in beta[3].text()
+    assert not any(c.bold for c in (alpha[3], beta[3]))
     markdown = to_markdown(table)
-    assert f"**{13 / 6:.2f} ± " in markdown and "| beta | 1.00 ± 0.00 |" in markdown
     assert "bonus included" in markdown and "bootstrap" in markdown and "1 turn(s) skipped" in markdown
+    assert "† fewer than 5 trajectories" in markdown
     latex = to_latex(table)
-    assert "\\toprule" in latex and "\\bottomrule" in latex and f"\\textbf{{{13 / 6:.2f} $\\pm$" in latex
+    assert "\\toprule" in latex and "\\multicolumn{2}{c}{gsm8k (n=2, 3 turns)}" in latex
 
 
-def test_ties_are_all_bold_at_printed_precision():
-    rows = [[Cell("a"), Cell(2.004)], [Cell("b"), Cell(1.996)], [Cell("c"), Cell(1.5)]]
-    mark_best(rows, [1])
-    assert [r[1].bold for r in rows] == [True, True, False]
-
-
-def test_long_agentic_table_has_tau_and_speedup_side_by_side(tmp_path):
-    run = write_run(tmp_path / "swe", "swebench", {"alpha": ALPHA_GSM8K})
-    results = load_results([run])
+def test_one_block_per_temperature(general_run, tmp_path):
+    hot = write_run(tmp_path / "hot", "mt-bench", {"alpha": {"s1": [turn([(3, 1)])]}}, temperature=1.0)
+    results = load_results([general_run, hot], allow_mixed=True)
     summary = stats.summarize(results.steps, results.turns, seed=0, n_resamples=200)
-    table = long_agentic_table(summary, results.methods, results.tasks)
-    assert table.groups == [("", 1), ("swebench", 2)] and table.header == ["Method", "τ", "speedup"]
-    assert table.rows[0][1].value == pytest.approx(13 / 6)
-    assert table.rows[0][2].value == pytest.approx(12 / 7)
-    assert tau_table(summary, results.methods, results.tasks) is None  # no general task here
-    assert "\\multicolumn{2}{c}{swebench}" in to_latex(table)
+    tables = headline_tables(summary, results.methods, results.tasks)
+    assert [t.name for t in tables] == ["table1_T0", "table1_T1"]
+    assert [g[0].split(" (")[0] for g in tables[1].groups] == ["", "mt-bench", "Mean"]
+
+
+def _cells(*intervals):
+    return [[Cell(f"m{i}"), Cell(v, lo, hi, n)] for i, (v, lo, hi, n) in enumerate(intervals)]
+
+
+def test_bold_only_where_the_interval_clears_the_runner_up():
+    rows = _cells((2.0, 1.8, 2.2, 5), (1.5, 1.4, 1.7, 5), (1.0, 0.9, 1.1, 5))
+    mark_best(rows, [1])
+    assert [r[1].bold for r in rows] == [True, False, False] and not any(r[1].tie for r in rows)
+    assert rows[0][1].text() == "2.00 ± 0.20"
+
+
+def test_overlapping_intervals_are_a_tie_not_bold():
+    rows = _cells((2.0, 1.6, 2.4, 5), (1.9, 1.7, 2.1, 5), (1.0, 0.9, 1.1, 5))
+    mark_best(rows, [1])
+    assert not any(r[1].bold for r in rows)
+    assert [r[1].tie for r in rows] == [True, True, False]
+    assert rows[1][1].text() == "1.90 ± 0.20 ≈"
+
+
+def test_a_best_without_an_interval_is_not_marked():
+    rows = _cells((3.0, float("nan"), float("nan"), 1), (1.0, 0.9, 1.1, 5))
+    mark_best(rows, [1])
+    assert not any(r[1].bold or r[1].tie for r in rows)
+    assert rows[0][1].text() == "3.00 (n=1) †"
 
 
 # ---- bootstrap -------------------------------------------------------------------------------------------------
@@ -294,6 +318,6 @@ def test_longbench_subset_matches_the_published_shard(tmp_path):
 def test_an_unfinished_run_is_named(tmp_path):
     run = write_run(tmp_path / "part", "gsm8k", {"alpha": {"s1": [turn([(3, 1)])]}},
                     sample_ids=["s1", "s2", "s3"])
-    notes = load_results([run]).notes
-    assert notes == [f"part: alpha finished 1 of the 3 selected samples (finish it with `evalsuite run ... "
-                     f"--out {run} --resume`)"]
+    notes = load_results([run], base=tmp_path / "report").notes
+    assert notes == ["part: alpha finished 1 of the 3 selected samples (finish it with `evalsuite run ... "
+                     "--out ../part --resume`)"]

@@ -59,4 +59,4 @@ def test_latex_tables_compile_with_booktabs(tmp_path):
     result = subprocess.run([pdflatex, "-interaction=nonstopmode", "-halt-on-error", "all.tex"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-2000:]
-    assert len(tables) == 9 and (tmp_path / "all.pdf").stat().st_size > 10_000
+    assert len(tables) == 13 and (tmp_path / "all.pdf").stat().st_size > 10_000

@@ -5,6 +5,7 @@ A pure function of the stored tables and run.json files: it never loads a model 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -16,9 +17,11 @@ from evalsuite.report import html as html_page
 from evalsuite.report import published as published_numbers
 from evalsuite.report import stats
 from evalsuite.report.figures import write_figures
-from evalsuite.report.load import Results, load_results
-from evalsuite.report.tables import (Cell, Table, cost_table, long_agentic_table, position_table, results_table,
-                                     tau_macro_table, tau_table, to_latex, to_markdown)
+from evalsuite.report.load import Results, display_path, load_results
+from evalsuite.report.tables import (Cell, Table, baseline_table, context_table, cost_context_table, cost_table,
+                                     headline_tables, position_table, results_table, summary_table, tau_macro_table,
+                                     to_latex, to_markdown)
+from evalsuite.runner import BASELINE
 
 FORMATS = ("md", "latex", "csv", "html")
 VERSION_KEYS = ("evalsuite", "torch", "transformers", "numpy", "pandas", "pyarrow")
@@ -41,37 +44,56 @@ def parse_formats(value: str) -> set[str]:
     return names
 
 
+@dataclass
+class Section:
+    id: str
+    title: str
+    items: list  # str (a paragraph), Table or FigureFile, in page order
+
+
 def write_report(paths: list[Path], out: Path, formats: set[str] = frozenset(FORMATS), allow_mixed: bool = False,
                  seed: int = 0, n_resamples: int = stats.DEFAULT_RESAMPLES,
-                 published_dir: Path = published_numbers.PUBLISHED_DIR) -> Report:
-    results = load_results([Path(p) for p in paths], allow_mixed)
+                 published_dir: Path = published_numbers.PUBLISHED_DIR, tasks: list[str] | None = None,
+                 methods: list[str] | None = None) -> Report:
     out = Path(out)
+    results = load_results([Path(p) for p in paths], allow_mixed, tasks, methods, base=out)
     try:
         (out / "tables").mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UserError(f"--out {out}: cannot create it ({err.strerror}); choose another directory") from err
     report = Report(out)
     summary = _in_report_order(stats.summarize(results.steps, results.turns, seed, n_resamples), results)
-    header_tables = [runs_table(results), environment_table(results)]
-    built = [tau_table(summary, results.methods, results.tasks),
-             long_agentic_table(summary, results.methods, results.tasks),
-             tau_macro_table(summary, results.methods, results.tasks),
-             position_table(results.steps, results.methods),
-             cost_table(results.steps, results.methods, results.tasks),
-             published_numbers.comparison_table(results, summary, published_numbers.load_published(published_dir)),
-             results_table(summary)]
-    names = ["Table 1 (general tasks)", "Tables 2/3 (long-context and agentic tasks)", "τ turn macro",
-             "per-position acceptance", "cost", "published comparison", "all results"]
-    tables = [t for t in built if t is not None]
-    report.notes += [f"{name}: nothing to show (no drafting method on such tasks in these runs)"
-                     for name, t in zip(names, built) if t is None]
-    figures, missing = write_figures(results, summary, out / "figures", seed, n_resamples)
+    curves = _in_report_order(stats.context_curves(results.steps, results.turns, seed, n_resamples), results)
+    costs = _in_report_order(stats.cost_curves(results.steps, results.turns), results)
+    figures, missing = write_figures(results, summary, curves, costs, out / "figures", seed, n_resamples)
+    figure = {f.name: f for f in figures}
     report.files += [f for fig in figures for f in (fig.png, fig.svg)]
-    report.notes += missing
-    report.notes += results.notes
-    warnings = [f"MIXED CONFIGURATIONS (--allow-mixed): {line}" for line in results.mixed]
+    report.notes += missing + results.notes
 
-    for table in header_tables + tables:
+    headline = [*headline_paragraphs(results, summary, curves), *headline_tables(summary, results.methods,
+                                                                                  results.tasks),
+                baseline_table(summary, results.turns, results.tasks)]
+    sections = [
+        Section("headline", "Headline", headline),
+        Section("context", "Speedup and τ against context, within each task",
+                [figure.get("speedup_vs_context"), figure.get("tau_vs_context"), context_table(curves)]),
+        Section("cost", "Cost against context: why the speedup moves",
+                [figure.get("cost_vs_context"), cost_context_table(costs)]),
+        Section("details", "Details",
+                [summary_table(summary), figure.get("speedup_per_task"), figure.get("tau_vs_turn"),
+                 figure.get("per_position"), position_table(results.steps, results.methods),
+                 tau_macro_table(summary, results.methods, results.tasks),
+                 cost_table(results.steps, results.methods, results.tasks),
+                 published_numbers.comparison_table(results, summary, published_numbers.load_published(published_dir)),
+                 results_table(summary)]),
+        Section("configuration", "Configuration and environment",
+                [provenance_table(results, out), runs_table(results, out), environment_table(results)]),
+    ]
+    for section in sections:
+        section.items = [item for item in section.items if item is not None]
+    warnings = [f"MIXED CONFIGURATIONS (--allow-mixed): {line}" for line in results.mixed] + dirty_warnings(results)
+
+    for table in [item for section in sections for item in section.items if isinstance(item, Table)]:
         stem = out / "tables" / table.name
         if "md" in formats:
             report.files.append(_write(stem.with_suffix(".md"), to_markdown(table)))
@@ -84,42 +106,164 @@ def write_report(paths: list[Path], out: Path, formats: set[str] = frozenset(FOR
     title, subtitle = _titles(results)
     if "md" in formats:
         report.files.append(_write(out / "report.md", markdown_page(title, subtitle, warnings, report.notes,
-                                                                     header_tables, tables, figures, out)))
+                                                                     sections, out)))
     if "html" in formats:
         report.files.append(_write(out / "index.html", html_page.page(title, subtitle, warnings, report.notes,
-                                                                       header_tables, tables, figures, out)))
+                                                                       sections, out)))
     return report
 
 
-def markdown_page(title, subtitle, warnings, notes, header_tables, tables, figures, base: Path) -> str:
+def markdown_page(title, subtitle, warnings, notes, sections: list[Section], base: Path) -> str:
     parts = [f"# {title}", "", subtitle, ""]
     parts += [f"> **Warning:** {w}\n" for w in warnings]
     parts += [f"> {n}\n" for n in notes]
-    parts.append("## Runs: configuration and versions\n")
-    parts += [to_markdown(t) for t in header_tables]
-    parts.append("## Tables\n")
-    parts += [to_markdown(t) for t in tables]
-    parts.append("## Figures\n")
-    for figure in figures:
-        parts.append(f"### {figure.title}\n\n![{figure.title}]({figure.png.relative_to(base).as_posix()})\n\n"
-                     f"{figure.caption} ([SVG]({figure.svg.relative_to(base).as_posix()}))\n")
+    for section in sections:
+        parts.append(f"## {section.title}\n")
+        for item in section.items:
+            if isinstance(item, str):
+                parts.append(item + "\n")
+            elif isinstance(item, Table):
+                parts.append(to_markdown(item))
+            else:
+                parts.append(f"### {item.title}\n\n![{item.title}]({item.png.relative_to(base).as_posix()})\n\n"
+                             f"{item.caption} ([SVG]({item.svg.relative_to(base).as_posix()}))\n")
     return "\n".join(parts)
 
 
-def runs_table(results: Results) -> Table:
+# ---- the headline paragraph ------------------------------------------------------------------------------------
+def headline_paragraphs(results: Results, summary: pd.DataFrame, curves: pd.DataFrame) -> list[str]:
+    """A few generated sentences: the baseline's speed, the best method per task (and whether it is clearly
+    ahead), how speedup moves from the shortest to the longest context of each task, and losslessness."""
+    drafting = summary[summary.method != BASELINE]
+    speeds = []
+    for task in results.tasks:
+        ms = summary[summary.task == task].ar_ms_per_token
+        if len(ms) and pd.notna(ms.iloc[0]):
+            speeds.append(f"{task} {ms.iloc[0]:.1f} ms/token ({1e3 / ms.iloc[0]:.1f} tokens/s)")
+    first = (f"`{BASELINE}` (the target alone) decodes at " + "; ".join(speeds) + ".") if speeds else ""
+    per_task = []
+    for (temperature, task), cells in drafting.groupby(["temperature", "task"], sort=False):
+        cells = cells[cells.speedup.notna()].sort_values("speedup", ascending=False)
+        if cells.empty:
+            continue
+        best = cells.iloc[0]
+        n = int(cells.trajectories.max())
+        faster = int((cells.speedup > 1).sum())
+        sentence = (f"On {task} (T = {temperature:g}; n = {n} trajector{'y' if n == 1 else 'ies'}, "
+                    f"{int(cells.turns.max())} turns) the fastest is {best.method} at {_times(best)} "
+                    f"(τ {best.tau:.2f})")
+        if len(cells) > 1:
+            second = cells.iloc[1]
+            intervals = n >= 2 and int(second.trajectories) >= 2
+            if not intervals:
+                sentence += f", then {second.method} ({_times(second)}; one trajectory, so no interval to tell them apart)"
+            elif best.speedup_ci_low > second.speedup_ci_high:
+                sentence += f", clearly ahead of {second.method} ({_times(second)})"
+            else:
+                sentence += f", not separable from {second.method} ({_times(second)}): the intervals overlap"
+        sentence += f"; {faster} of {len(cells)} drafting methods are faster than `{BASELINE}`."
+        per_task.append(sentence)
+    trends = []
+    for task in results.tasks:
+        cells = curves[curves.task == task]
+        bins = cells.drop_duplicates(["context_lo"]).sort_values("context_lo")
+        if len(bins) < 2:
+            continue
+        low, high = bins.iloc[0], bins.iloc[-1]
+        moves = []
+        for method in [m for m in results.methods if m != BASELINE]:
+            m = cells[cells.method == method].set_index("context_lo")
+            if low.context_lo in m.index and high.context_lo in m.index:
+                moves.append(f"{method} {m.speedup[low.context_lo]:.2f}→{m.speedup[high.context_lo]:.2f}×")
+        if moves:
+            trends.append(f"On {task}, from the shortest context bin ({low.context_lo:,}–{low.context_hi:,} tokens) "
+                          f"to the longest ({high.context_lo:,}–{high.context_hi:,}), the speedup goes "
+                          + ", ".join(moves) + " (figure and table below, with each bin's n).")
+    greedy = drafting[drafting.compared_with_ar > 0]
+    if len(greedy):
+        differing = greedy[greedy.differs_from_ar > 0]
+        lossless = (f"Losslessness at T = 0: {int(greedy.differs_from_ar.sum())} of {int(greedy.compared_with_ar.sum())} "
+                    f"drafted turns differ from `{BASELINE}`'s output (it should be 0)")
+        lossless += ("; " + ", ".join(f"{r.method} on {r.task}: {int(r.differs_from_ar)} of {int(r.compared_with_ar)}"
+                                      for r in differing.itertuples()) + "." if len(differing) else ".")
+    elif (summary.temperature == 0).any():
+        lossless = f"Losslessness at T = 0 is not checked here: no `{BASELINE}` outputs to compare with."
+    else:
+        lossless = "Sampling (T > 0): outputs are not expected to match `ar` token for token, so none are compared."
+    caveat = ("Intervals are 95 % bootstrap intervals over whole trajectories; a cell with one trajectory has none "
+              f"(n=1), and † marks cells with fewer than {stats.MIN_TRAJECTORIES} trajectories.")
+    paragraphs = [" ".join(p for p in [first, *per_task] if p), " ".join(trends), lossless + " " + caveat]
+    return [p for p in paragraphs if p.strip()]
+
+
+def _times(row) -> str:
+    text = f"{row.speedup:.2f}×"
+    if int(row.trajectories) >= 2 and pd.notna(row.speedup_ci_low):
+        text += f" [{row.speedup_ci_low:.2f}–{row.speedup_ci_high:.2f}]"
+    return text
+
+
+def dirty_warnings(results: Results) -> list[str]:
+    dirty = {}
+    for run in results.runs:
+        commit = str((run.config.get("environment") or {}).get("git_commit") or "")
+        if "dirty" in commit:
+            dirty.setdefault(commit, []).append(run.key)
+    return [f"run{'s' if len(keys) > 1 else ''} {', '.join(keys)} made from commit {commit}: the working tree had "
+            "uncommitted changes, so the code that ran is not exactly that commit" for commit, keys in dirty.items()]
+
+
+def provenance_table(results: Results, base: Path) -> Table:
+    """Target and every drafter by name, path (never absolute) and full sha256."""
+    records = {}
+    for run in results.runs:
+        c = run.config
+        target = str(c.get("target") or "")
+        records.setdefault(("target", c.get("target_name") or target), {
+            "role": "target", "name": c.get("target_name") or target,
+            "path": _shown(target, base), "sha256": c.get("target_sha256")})
+        for method, info in (c.get("drafters") or {}).items():
+            if not isinstance(info, dict) or not (info.get("checkpoint") or info.get("checkpoint_sha256")):
+                continue
+            checkpoint = info.get("checkpoint")
+            records.setdefault((method, checkpoint), {
+                "role": f"drafter ({method})", "name": Path(str(checkpoint)).name if checkpoint else method,
+                "path": _shown(checkpoint, base),
+                "sha256": info.get("checkpoint_sha256") or (c.get("drafter_sha256") or {}).get(method)})
+    rows = [[Cell(r["role"]), Cell(str(r["name"])), Cell(r["path"]), Cell(_text(r["sha256"]))]
+            for r in records.values()]
+    notes = ["paths are relative to this report folder (./, ../) or to the repository root; a drafter's sha256 "
+             "covers its safetensors files, the target's its weights file"]
+    return Table("provenance", "Models: target and drafters", ["Role", "Name", "Path", "sha256"], rows, notes,
+                 pd.DataFrame(list(records.values())))
+
+
+def _shown(value, base: Path) -> str:
+    """A path-like config value as the report prints it (never absolute); other values (a hub id, 'default') as
+    they are."""
+    if value is None or str(value) == "":
+        return "–"
+    text = str(value)
+    if os.path.isabs(os.path.expanduser(text)) or Path(text).exists():
+        return display_path(text, base)
+    return text
+
+
+def runs_table(results: Results, base: Path) -> Table:
     """One column per run (runs have many fields and are few)."""
     records = []
     for run in results.runs:
         c = run.config
         records.append({
-            "run": run.key, "path": str(run.path), "task": run.task_label, "methods": ",".join(c.get("methods", [])),
-            "target": c.get("target_name") or c.get("target"), "target_sha256": c.get("target_sha256"),
+            "run": run.key, "path": display_path(run.path, base), "task": run.task_label, "methods": ",".join(c.get("methods", [])),
+            "target": c.get("target_name") or _shown(c.get("target"), base),
+            "target_sha256": c.get("target_sha256"),
             "chat_template_sha256": c.get("chat_template_sha256"), "temperature": c.get("temperature"),
             "top_p": c.get("top_p"), "top_k": c.get("top_k"), "k": c.get("k"),
             "max_new_tokens": c.get("max_new_tokens"), "samples": len(c.get("sample_ids", [])),
             "seed": c.get("seed"), "replay": c.get("replay"), "context_policy": c.get("context_policy"),
             "enable_thinking": c.get("enable_thinking"), "dtype": c.get("dtype"), "device": c.get("device"),
-            "drafters": "; ".join(f"{m}: {d.get('checkpoint') or d.get('weights')}"
+            "drafters": "; ".join(f"{m}: {_shown(d.get('checkpoint') or d.get('weights'), base)}"
                                   for m, d in (c.get("drafters") or {}).items()
                                   if d.get("checkpoint") or d.get("weights")) or "none",
         })
@@ -127,7 +271,8 @@ def runs_table(results: Results) -> Table:
     fields = [k for k in records[0] if k != "run"]
     rows = [[Cell(name)] + [Cell(_text(r[name])[:12] if name in shortened else _text(r[name])) for r in records]
             for name in fields]
-    notes = ["the full configuration of each run is its run.json; hashes are shortened to 12 hex digits here"]
+    notes = ["the full configuration of each run is its run.json; hashes are shortened to 12 hex digits here (in "
+             "full in the models table)", "paths are relative to this report folder (./, ../) or to the repository"]
     return Table("runs", "Run configurations", ["", *[r["run"] for r in records]], rows, notes,
                  pd.DataFrame(records))
 
@@ -148,20 +293,31 @@ def environment_table(results: Results) -> Table:
 
 
 def _in_report_order(summary: pd.DataFrame, results: Results) -> pd.DataFrame:
-    """Tasks in the order the runs were given, methods in `Results.methods` order."""
+    """Tasks in the order the runs were given, methods in `Results.methods` order (then by context, if binned)."""
     task_rank = {t: i for i, t in enumerate(results.tasks)}
     method_rank = {m: i for i, m in enumerate(results.methods)}
+    context = summary.context_lo if "context_lo" in summary.columns else pd.Series(0, index=summary.index)
     order = sorted(range(len(summary)), key=lambda i: (task_rank[summary.task.iloc[i]],
-                                                       method_rank[summary.method.iloc[i]]))
+                                                       method_rank[summary.method.iloc[i]], context.iloc[i]))
     return summary.iloc[order].reset_index(drop=True)
 
 
 def _titles(results: Results) -> tuple[str, str]:
-    targets = sorted({str(r.config.get("target_name") or r.config.get("target")) for r in results.runs})
+    targets = sorted({f"{r.config.get('target_name') or r.config.get('target')} (sha256 "
+                      f"{str(r.config.get('target_sha256'))[:12]}…)" for r in results.runs})
+    commits = sorted({_short_commit((r.config.get("environment") or {}).get("git_commit")) for r in results.runs})
     title = "evalsuite report: " + ", ".join(results.tasks)
     subtitle = (f"Target: {'; '.join(targets)}. Methods: {', '.join(results.methods)}. "
-                f"{len(results.runs)} run(s), {results.turns.groupby(['run', 'sample_id']).ngroups} trajectories.")
+                f"{len(results.runs)} run(s), {results.turns.groupby(['run', 'sample_id']).ngroups} trajectories. "
+                f"Code: {', '.join(commits)}" + (" (UNCOMMITTED CHANGES: +dirty)" if any("dirty" in c for c in commits)
+                                                  else "") + ".")
     return title, subtitle
+
+
+def _short_commit(commit) -> str:
+    text = str(commit)
+    head, dirty, _ = text.partition("+")
+    return head[:12] + (f"+{_}" if dirty else "")
 
 
 def _text(value) -> str:

@@ -1,5 +1,6 @@
-"""One static page, `index.html`: a header with the runs' configurations and versions, then every table and figure.
-Images are referenced relatively, so the report folder can be moved or served as it is."""
+"""One static page, `index.html`: the headline first (a generated paragraph, Table 1, the baseline's speed), then the
+context curves and their cost, the details, and the configuration and environment at the end. Images are referenced
+relatively, so the report folder can be moved or served as it is."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import html
 from pathlib import Path
 
 from evalsuite.report.figures import FigureFile
-from evalsuite.report.tables import Table, to_html
+from evalsuite.report.tables import Table, inline_code, to_html
 
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", "DejaVu Sans", sans-serif; margin: 2rem auto;
@@ -18,7 +19,7 @@ h3 { font-size: 1.05rem; margin: 1.4rem 0 .4rem; }
 .subtitle { color: #56606b; margin-top: 0; }
 .warning { background: #fff4e5; border-left: 4px solid #e8890c; padding: .5rem .8rem; margin: .6rem 0; }
 .note { background: #eef4fb; border-left: 4px solid #4a7fc1; padding: .5rem .8rem; margin: .6rem 0; }
-.scroll { overflow-x: auto; }
+.scroll { overflow-x: auto; max-width: 100%; }
 table { border-collapse: collapse; font-size: .88rem; margin: .3rem 0; }
 th, td { padding: .25rem .6rem; white-space: nowrap; }
 thead tr:first-child th { border-top: 2px solid #1d2733; }
@@ -30,32 +31,40 @@ td.label { text-align: left; white-space: normal; max-width: 30rem; }
 tbody tr:nth-child(even) { background: #f6f8fa; }
 ul.notes { font-size: .8rem; color: #56606b; margin: .3rem 0 0; padding-left: 1.2rem; }
 figure { margin: 1rem 0 2rem; }
-figure img { max-width: 100%; border: 1px solid #e5e8eb; }
+figure img { width: 100%; height: auto; border: 1px solid #e5e8eb; }  /* one width: the same font size in all */
+p.lead { font-size: 1rem; max-width: 62rem; }
+code { font-size: .9em; background: #f2f4f6; padding: 0 .2em; border-radius: 3px; }
 figcaption { font-size: .85rem; color: #56606b; }
 nav a { margin-right: .8rem; }
 """
 
 
-def page(title: str, subtitle: str, warnings: list[str], notes: list[str], header_tables: list[Table],
-         tables: list[Table], figures: list[FigureFile], base: Path) -> str:
+def page(title: str, subtitle: str, warnings: list[str], notes: list[str], sections, base: Path) -> str:
     parts = ["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
              f"<title>{html.escape(title)}</title>", f"<style>{STYLE}</style>", "</head>", "<body>",
              f"<h1>{html.escape(title)}</h1>", f'<p class="subtitle">{html.escape(subtitle)}</p>']
-    parts.append('<nav><a href="#runs">Runs</a><a href="#tables">Tables</a><a href="#figures">Figures</a></nav>')
+    parts.append("<nav>" + "".join(f'<a href="#{s.id}">{html.escape(s.title)}</a>' for s in sections) + "</nav>")
     parts += [f'<div class="warning">{html.escape(w)}</div>' for w in warnings]
     parts += [f'<div class="note">{html.escape(n)}</div>' for n in notes]
-    parts.append('<h2 id="runs">Runs: configuration and versions</h2>')
-    parts += [f'<div class="scroll">{to_html(t)}</div>' for t in header_tables]
-    parts.append('<h2 id="tables">Tables</h2>')
-    parts += [f'<div class="scroll">{to_html(t)}</div>' for t in tables]
-    parts.append('<h2 id="figures">Figures</h2>')
-    for figure in figures:
-        png = figure.png.relative_to(base).as_posix()
-        svg = figure.svg.relative_to(base).as_posix()
-        parts.append(f'<figure id="fig-{figure.name}"><h3>{html.escape(figure.title)}</h3>'
-                     f'<img src="{html.escape(png)}" alt="{html.escape(figure.title)}">'
-                     f'<figcaption>{html.escape(figure.caption)} '
-                     f'<a href="{html.escape(svg)}">SVG</a></figcaption></figure>')
+    for section in sections:
+        parts.append(f'<h2 id="{section.id}">{html.escape(section.title)}</h2>')
+        for item in section.items:
+            if isinstance(item, str):
+                parts.append(f'<p class="lead">{inline_code(item)}</p>')
+            elif isinstance(item, Table):
+                parts.append(f'<div class="scroll">{to_html(item)}</div>')
+            else:
+                parts.append(_figure(item, base))
     parts += ["</body>", "</html>"]
     return "\n".join(parts) + "\n"
+
+
+def _figure(figure: FigureFile, base: Path) -> str:
+    png = figure.png.relative_to(base).as_posix()
+    svg = figure.svg.relative_to(base).as_posix()
+    return (f'<figure id="fig-{figure.name}"><h3>{html.escape(figure.title)}</h3>'
+            f'<img src="{html.escape(png)}" alt="{html.escape(figure.title)}">'
+            f'<figcaption>{inline_code(figure.caption)} <a href="{html.escape(svg)}">SVG</a></figcaption></figure>')
+
+

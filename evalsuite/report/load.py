@@ -8,6 +8,7 @@ subsets of one task become separate columns of the tables.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,7 +16,10 @@ import pandas as pd
 
 from evalsuite.config import DRIFT_FIELDS
 from evalsuite.errors import UserError
-from evalsuite.records import load_steps, load_turns
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from evalsuite.records import STEP_SCHEMA, TURN_SCHEMA
 from evalsuite.runner import BASELINE
 
 # Drift fields that legitimately differ between runs of *different* tasks; they must agree only among runs of
@@ -71,7 +75,7 @@ def read_run(path: Path, key: str) -> tuple[RunInfo, pd.DataFrame, pd.DataFrame]
     except ValueError as err:
         raise UserError(f"{config_path}: not valid JSON ({err}); rerun `evalsuite run` into a new --out") from err
     info = RunInfo(key, path, config)
-    steps, turns = load_steps(path), load_turns(path).drop(columns=["output_ids"])
+    steps, turns = read_table(path / "steps.parquet", STEP_SCHEMA), read_table(path / "turns.parquet", TURN_SCHEMA)
     if turns.empty:
         raise UserError(f"{path}: no finished trajectories in turns.parquet; finish the run with "
                         f"`evalsuite run ... --out {path} --resume`")
@@ -83,7 +87,63 @@ def read_run(path: Path, key: str) -> tuple[RunInfo, pd.DataFrame, pd.DataFrame]
     return info, steps, turns
 
 
-def load_results(paths: list[Path], allow_mixed: bool = False) -> Results:
+# Columns the report computes from; a run without one of them cannot be reported. Any other column of the record
+# schema that an older run lacks is filled (FILL_MISSING, else NaN), and columns added later are kept as they are.
+REQUIRED_COLUMNS = {"method", "task", "sample_id", "turn", "context_len", "num_drafted", "num_accepted",
+                    "accept_flags", "draft_s", "verify_s", "new_tokens", "decode_s", "ar_decode_s", "ar_new_tokens",
+                    "stop_reason"}
+FILL_MISSING = {"draft_state_bytes": 0, "draft_history_bytes": 0, "dropped_tokens": 0, "skip_reason": "",
+                "output_ids": None}
+
+
+def read_table(directory: Path, schema: pa.Schema) -> pd.DataFrame:
+    """All Parquet parts of one table, tolerating columns added by later versions (kept) and columns an older
+    run lacks (filled), except those the report computes from (`REQUIRED_COLUMNS`: an error naming it)."""
+    parts = sorted(Path(directory).glob("*.parquet")) if Path(directory).is_dir() else []
+    if not parts:
+        return schema.empty_table().to_pandas()
+    frames = [pq.read_table(p).to_pandas() for p in parts]
+    frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    for name in schema.names:
+        if name not in frame.columns:
+            if name in REQUIRED_COLUMNS:
+                raise UserError(f"{directory}: column {name!r} is missing; this run was written by an "
+                                f"incompatible evalsuite version, rerun it")
+            frame[name] = FILL_MISSING.get(name, float("nan"))
+    return frame
+
+
+def load_results(paths: list[Path], allow_mixed: bool = False, tasks: list[str] | None = None,
+                 methods: list[str] | None = None, base: Path | None = None) -> Results:
+    """Read and merge run directories. `tasks`/`methods` keep only those (the `ar` baseline always stays: the
+    headline's ms/token and the losslessness count come from it); `base` is the report directory that paths
+    in notes are written relative to."""
+    results = _load_all(paths, allow_mixed, base)
+    return filtered(results, tasks, methods)
+
+
+def filtered(results: Results, tasks: list[str] | None, methods: list[str] | None) -> Results:
+    if tasks:
+        unknown = [t for t in tasks if t not in results.tasks]
+        if unknown:
+            raise UserError(f"--task {','.join(unknown)}: not in these runs; they hold {', '.join(results.tasks)}")
+        results.runs = [r for r in results.runs if r.task_label in tasks]
+        results.steps = results.steps[results.steps.task.isin(tasks)].reset_index(drop=True)
+        results.turns = results.turns[results.turns.task.isin(tasks)].reset_index(drop=True)
+    if methods:
+        unknown = [m for m in methods if m not in results.methods]
+        if unknown:
+            raise UserError(f"--method {','.join(unknown)}: not in these runs; they hold "
+                            f"{', '.join(results.methods)}")
+        keep = set(methods) | {BASELINE}
+        results.steps = results.steps[results.steps.method.isin(keep)].reset_index(drop=True)
+        results.turns = results.turns[results.turns.method.isin(keep)].reset_index(drop=True)
+        if results.turns.empty:
+            raise UserError(f"--method {','.join(methods)}: no finished trajectories of it on these tasks")
+    return results
+
+
+def _load_all(paths: list[Path], allow_mixed: bool, base: Path | None) -> Results:
     if not paths:
         raise UserError("name at least one results directory (written by `evalsuite run --out DIR`)")
     runs, steps, turns = [], [], []
@@ -98,7 +158,7 @@ def load_results(paths: list[Path], allow_mixed: bool = False) -> Results:
         raise UserError(f"{mixed[0]}; these runs are not comparable. Pass --allow-mixed to merge them anyway")
     steps_all = pd.concat(steps, ignore_index=True)
     turns_all = pd.concat(turns, ignore_index=True)
-    notes = [note for info, run_turns in zip(runs, turns) for note in _unfinished(info, run_turns)]
+    notes = [note for info, run_turns in zip(runs, turns) for note in _unfinished(info, run_turns, base)]
     steps_all, turns_all = _drop_duplicate_pairs(steps_all, turns_all, runs, notes)
     return Results(steps_all, turns_all, runs, mixed, notes)
 
@@ -132,7 +192,36 @@ def _listing(values: dict) -> str:
     return ", ".join(f"{value!r} in {key}" for key, value in values.items())
 
 
-def _unfinished(info: RunInfo, turns: pd.DataFrame) -> list[str]:
+def display_path(path: Path | str | None, base: Path | None = None) -> str:
+    """A path as a report may print it: never absolute. Inside the report directory `base`: relative to it
+    (./runs/x); inside the repository, or in another checkout of it (a path recorded on another machine whose
+    tail exists here): relative to its root (baselines/drafters/x); elsewhere: relative to `base` (../runs/x), or
+    only the final name when there is no `base`."""
+    if path is None or str(path) == "":
+        return "–"
+    resolved = Path(path).expanduser().resolve()
+    if base is not None:
+        base = Path(base).resolve()
+        if resolved == base or resolved.is_relative_to(base):
+            return "./" + resolved.relative_to(base).as_posix() if resolved != base else "."
+    if (REPO_ROOT / "pyproject.toml").is_file():
+        if resolved.is_relative_to(REPO_ROOT):
+            return resolved.relative_to(REPO_ROOT).as_posix()
+        # recorded in another checkout of this repository (e.g. another machine's): its path inside the repository
+        parts = resolved.parts
+        for start in range(1, len(parts) - 1):
+            inside = Path(*parts[start:])
+            if len(inside.parts) >= 2 and (REPO_ROOT / inside).exists():
+                return inside.as_posix()
+    if base is not None:
+        return Path(os.path.relpath(resolved, base)).as_posix()
+    return resolved.name
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _unfinished(info: RunInfo, turns: pd.DataFrame, base: Path | None = None) -> list[str]:
     """A run stopped part-way holds fewer trajectories than its run.json selected; say so per method."""
     selected = set(info.config.get("sample_ids") or [])
     notes = []
@@ -140,7 +229,7 @@ def _unfinished(info: RunInfo, turns: pd.DataFrame) -> list[str]:
         done = set(turns[turns.method == method].sample_id)
         if selected and len(done) < len(selected):
             notes.append(f"{info.key}: {method} finished {len(done)} of the {len(selected)} selected samples "
-                         f"(finish it with `evalsuite run ... --out {info.path} --resume`)")
+                         f"(finish it with `evalsuite run ... --out {display_path(info.path, base)} --resume`)")
     return notes
 
 

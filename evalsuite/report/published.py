@@ -12,7 +12,7 @@ from evalsuite.bundled import bundled_path
 from evalsuite.errors import UserError
 from evalsuite.report import stats
 from evalsuite.report.load import Results
-from evalsuite.report.tables import Cell, Table, half_width
+from evalsuite.report.tables import Cell, Table
 
 PUBLISHED_DIR = bundled_path("baselines/published")
 REQUIRED = ("paper", "table", "target", "method", "task", "subset", "temperature", "metric", "value", "source")
@@ -75,8 +75,8 @@ def comparison_table(results: Results, summary: pd.DataFrame, published: pd.Data
             if target_differs(ours_target, their_target):
                 differing.add((ours_target, their_target))
             rows.append([Cell(r.method), Cell(r.task), Cell(r.temperature, digits=1),
-                         Cell(r.tau, half_width(r.tau_ci_low, r.tau_ci_high)),
-                         Cell(r.speedup, half_width(r.speedup_ci_low, r.speedup_ci_high)),
+                         Cell(r.tau, r.tau_ci_low, r.tau_ci_high, int(r.trajectories)),
+                         Cell(r.speedup, r.speedup_ci_low, r.speedup_ci_high, int(r.trajectories)),
                          Cell(str(their_target)), Cell(values.get("tau", float("nan"))),
                          Cell(values.get("speedup", float("nan"))), Cell(f"{paper}, Table {table}")])
             records.append({"method": r.method, "task": r.task, "temperature": r.temperature,

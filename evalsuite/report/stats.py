@@ -12,6 +12,8 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from evalsuite.runner import BASELINE
+
 TAU_CONVENTION = ("τ = token-weighted mean over verify steps of (accepted drafts + 1), bonus included "
                   "(steps that drafted nothing count as 1); τ (turn macro) = the unweighted mean of per-turn τ")
 SPEEDUP_CONVENTION = ("speedup = paired AR decode time per token / method decode time per token, each pooled over "
@@ -21,7 +23,11 @@ POSITION_CONVENTION = ("position j: conditional = P(j accepted | positions 1..j-
                        "P(positions 1..j all accepted); both count only steps that drafted at least j tokens "
                        "(a position that was not drafted is not a rejection)")
 CI_CONVENTION = ("95 % CI: percentile bootstrap resampling whole trajectories (sample ids) with replacement; "
-                 "± is half the interval's width")
+                 "± is half the interval's width; a cell with one trajectory has no interval and prints n=1")
+CONTEXT_CONVENTION = ("context = the turn's prompt length in tokens (what the target holds before the reply); bins "
+                      "are quantile bins of each task's own turn contexts, so no bin mixes tasks; a turn's steps "
+                      "and its speedup fall in its turn's bin")
+MIN_TRAJECTORIES = 5  # below this many trajectories a cell carries a visible note
 SKIPPED_CONVENTION = "turns skipped at the context limit are excluded from τ and speedup and counted in `skipped`"
 
 DEFAULT_RESAMPLES = 2000
@@ -203,7 +209,8 @@ def speedup_ci(turns: pd.DataFrame, units: list[str], seed: int, n_resamples: in
 # ---- one row per (method, task) --------------------------------------------------------------------------------
 SUMMARY_COLUMNS = ["method", "task", "temperature", "trajectories", "turns", "skipped", "steps", "tokens",
                    "tau", "tau_ci_low", "tau_ci_high", "tau_turn_macro",
-                   "paired_turns", "speedup", "speedup_ci_low", "speedup_ci_high"]
+                   "paired_turns", "speedup", "speedup_ci_low", "speedup_ci_high", "ar_ms_per_token",
+                   "differs_from_ar", "compared_with_ar"]
 
 
 def summarize(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0,
@@ -216,6 +223,9 @@ def summarize(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0,
         done = decoded(cell_turns)
         tau_low, tau_high = tau_ci(cell_steps, units, cell_seed(seed, "tau", method, task), n_resamples)
         sp_low, sp_high = speedup_ci(cell_turns, units, cell_seed(seed, "speedup", method, task), n_resamples)
+        if len(units) < 2 or method == BASELINE:  # one trajectory, or 1 by construction: no interval
+            tau_low = tau_high = sp_low = sp_high = float("nan")
+        differs, compared = differs_from_ar(turns[turns.task == task], method)
         rows.append({
             "method": method, "task": task,
             "temperature": float(cell_turns.temperature.iloc[0]) if "temperature" in cell_turns else float("nan"),
@@ -225,15 +235,55 @@ def summarize(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0,
             "tau_turn_macro": tau_turn_macro(cell_steps),
             "paired_turns": len(paired(cell_turns)), "speedup": speedup(cell_turns),
             "speedup_ci_low": sp_low, "speedup_ci_high": sp_high,
+            "ar_ms_per_token": ar_ms_per_token(turns[turns.task == task]),
+            "differs_from_ar": differs, "compared_with_ar": compared,
         })
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def ar_ms_per_token(turns: pd.DataFrame) -> float:
+    """The AR baseline's decode ms per token over a task's turns: from the `ar` method's own turns where it ran,
+    else from the paired AR measurements stored with the other methods' turns."""
+    ar = decoded(turns[turns.method == BASELINE])
+    if not ar.empty and ar.new_tokens.sum() > 0:
+        return float(1e3 * ar.decode_s.sum() / ar.new_tokens.sum())
+    pairs = paired(turns)
+    if pairs.empty:
+        return float("nan")
+    per_turn = pairs.drop_duplicates(["run", "sample_id", "turn"])
+    return float(1e3 * per_turn.ar_decode_s.sum() / per_turn.ar_new_tokens.sum())
+
+
+def differs_from_ar(turns: pd.DataFrame, method: str) -> tuple[float, int]:
+    """(turns whose output tokens differ from the `ar` output of the same task, sample and turn, turns compared).
+
+    Only for greedy decoding (temperature 0), where a lossless method reproduces `ar` token for token; NaN and 0
+    where it does not apply (sampling, the baseline itself, no `ar` run or no stored output ids)."""
+    if method == BASELINE or "output_ids" not in turns.columns or turns.empty:
+        return float("nan"), 0
+    if not (turns.temperature == 0).all():
+        return float("nan"), 0
+    keys = ["task", "sample_id", "turn"]
+    ours = decoded(turns[turns.method == method])
+    theirs = decoded(turns[turns.method == BASELINE]).drop_duplicates(keys)
+    if ours.empty or theirs.empty:
+        return float("nan"), 0
+    both = ours[keys + ["output_ids"]].merge(theirs[keys + ["output_ids"]], on=keys, suffixes=("", "_ar"))
+    if both.empty:
+        return float("nan"), 0
+    stored = both.output_ids.notna() & both.output_ids_ar.notna()
+    both = both[stored]
+    if both.empty:
+        return float("nan"), 0
+    differ = [list(a) != list(b) for a, b in zip(both.output_ids, both.output_ids_ar)]
+    return float(sum(differ)), len(both)
 
 
 # ---- curves ----------------------------------------------------------------------------------------------------
 def tau_curve(steps: pd.DataFrame, key: pd.Series, seed: int, n_resamples: int = DEFAULT_RESAMPLES) -> pd.DataFrame:
     """τ per value of `key` (aligned with `steps`: a turn index, a context bin), with a trajectory-bootstrap CI."""
     if steps.empty:
-        return pd.DataFrame(columns=["key", "tau", "low", "high", "steps"])
+        return pd.DataFrame(columns=["key", "tau", "low", "high", "steps", "trajectories"])
     units = list(dict.fromkeys(trajectory_keys(steps)))
     keys = sorted(key.unique())
     frame = pd.DataFrame({"unit": trajectory_keys(steps), "key": key.to_numpy(),
@@ -246,7 +296,8 @@ def tau_curve(steps: pd.DataFrame, key: pd.Series, seed: int, n_resamples: int =
     point = _ratio(per_unit.sum(axis=0))
     low, high = bootstrap_ci(per_unit, _ratio, seed, n_resamples)
     return pd.DataFrame({"key": keys, "tau": point, "low": low, "high": high,
-                         "steps": counts.sum(axis=0).to_numpy(int)})
+                         "steps": counts.sum(axis=0).to_numpy(int),
+                         "trajectories": (counts > 0).sum(axis=0).to_numpy(int)})
 
 
 def context_bins(context_len: pd.Series, n_bins: int = 8) -> np.ndarray:
@@ -262,3 +313,143 @@ def context_bins(context_len: pd.Series, n_bins: int = 8) -> np.ndarray:
 def bin_index(values: pd.Series, edges: np.ndarray) -> pd.Series:
     index = np.clip(np.searchsorted(edges, values.to_numpy(float), side="right") - 1, 0, len(edges) - 2)
     return pd.Series(index, index=values.index)
+
+
+# ---- context curves within each task ---------------------------------------------------------------------------
+CONTEXT_CURVE_COLUMNS = ["task", "method", "context_lo", "context_hi", "n_trajectories", "n_turns", "n_steps",
+                         "tau", "tau_lo", "tau_hi", "speedup", "speedup_lo", "speedup_hi"]
+
+
+def task_context_edges(contexts: pd.Series, max_bins: int = 6, min_turns_per_bin: int = 2,
+                       min_spread: float = 1.25) -> np.ndarray:
+    """Quantile bin edges over one task's turn contexts: [lo, hi) per bin, the last edge past the maximum.
+
+    At most `max_bins`, few enough that a bin holds about `min_turns_per_bin` distinct contexts, and one bin when
+    the longest context is less than `min_spread` times the shortest (nothing to see against context there)."""
+    values = np.sort(contexts.to_numpy(float))
+    if len(values) == 0:
+        return np.array([0.0, 1.0])
+    bins = int(max(1, min(max_bins, len(np.unique(values)) // max(1, min_turns_per_bin))))
+    if values[-1] < min_spread * max(values[0], 1.0):
+        bins = 1
+    inner = np.quantile(values, np.linspace(0, 1, bins + 1)[1:-1], method="lower") if bins > 1 else []
+    edges = np.unique(np.concatenate([[values[0]], np.ceil(np.asarray(inner, float)) + 1 if len(inner) else [],
+                                      [values[-1] + 1]]))
+    return edges.astype(float)
+
+
+def context_bin(values, edges: np.ndarray) -> np.ndarray:
+    return np.clip(np.searchsorted(edges, np.asarray(values, float), side="right") - 1, 0, len(edges) - 2)
+
+
+def per_turn(steps: pd.DataFrame, turns: pd.DataFrame) -> pd.DataFrame:
+    """One row per decoded turn with its own τ and paired speedup (the thin per-trajectory lines)."""
+    done = decoded(turns).copy()
+    keys = ["run", "method", "task", "sample_id", "turn"]
+    if steps.empty:
+        done["tau"], done["steps"] = np.nan, 0
+    else:
+        grouped = (steps.num_accepted + 1).groupby([steps[k] for k in keys]).agg(["sum", "count"])
+        done = done.drop(columns=[c for c in ("tau", "steps") if c in done.columns])
+        done = done.join(grouped, on=keys)
+        done["tau"] = done["sum"] / done["count"]
+        done["steps"] = done["count"].fillna(0).astype(int)
+        done = done.drop(columns=["sum", "count"])
+    ok = (done.new_tokens > 0) & (done.ar_new_tokens > 0) & (done.decode_s > 0) & (done.ar_decode_s > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = (done.ar_decode_s / done.ar_new_tokens) / (done.decode_s / done.new_tokens)
+    done["speedup_pooled_turn"] = ratio.where(ok)
+    return done
+
+
+def context_curves(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0, n_resamples: int = DEFAULT_RESAMPLES,
+                   max_bins: int = 6) -> pd.DataFrame:
+    """τ and pooled speedup per (task, method, context bin), with the cell's n and trajectory-bootstrap CIs.
+
+    Bins are per task (`task_context_edges` over all of that task's decoded turns, every method), so a bin
+    never mixes tasks and all methods of a task share its bins. A cell with one trajectory has no interval.
+    Extra column `context_median` (the median turn context in the cell) is where figures draw the point."""
+    rows = []
+    for task in list(dict.fromkeys(turns.task)):
+        task_turns = decoded(turns[turns.task == task])
+        if task_turns.empty:
+            continue
+        edges = task_context_edges(task_turns.context_len, max_bins)
+        n_bins = len(edges) - 1
+        for method in list(dict.fromkeys(task_turns.method)):
+            if method == BASELINE:
+                continue
+            cell_turns = task_turns[task_turns.method == method].copy()
+            cell_turns["bin"] = context_bin(cell_turns.context_len, edges)
+            units = list(dict.fromkeys(trajectory_keys(cell_turns)))
+            unit_of = trajectory_keys(cell_turns)
+            cell_steps = steps[(steps.method == method) & (steps.task == task)]
+            keyed = cell_turns.set_index(["run", "sample_id", "turn"]).bin
+            step_bin = keyed.reindex(pd.MultiIndex.from_frame(cell_steps[["run", "sample_id", "turn"]])).to_numpy()
+            has_bin = ~pd.isna(step_bin)
+            cell_steps, step_bin = cell_steps[has_bin], step_bin[has_bin].astype(int)
+            tau_units = np.zeros((len(units), n_bins, 2))
+            unit_index = {u: i for i, u in enumerate(units)}
+            if len(cell_steps):
+                u = trajectory_keys(cell_steps).map(unit_index).to_numpy()
+                np.add.at(tau_units, (u, step_bin, 0), (cell_steps.num_accepted + 1).to_numpy(float))
+                np.add.at(tau_units, (u, step_bin, 1), 1.0)
+            pairs = paired(cell_turns)
+            sp_units = np.zeros((len(units), n_bins, 4))
+            if len(pairs):
+                u = trajectory_keys(pairs).map(unit_index).to_numpy()
+                values = pairs[["ar_decode_s", "ar_new_tokens", "decode_s", "new_tokens"]].to_numpy(float)
+                for q in range(4):
+                    np.add.at(sp_units, (u, pairs.bin.to_numpy(), q), values[:, q])
+            tau_point, sp_point = _ratio(tau_units.sum(0)), _speedup_from_sums(sp_units.sum(0))
+            tau_low, tau_high = bootstrap_ci(tau_units, _ratio, cell_seed(seed, "ctx-tau", method, task), n_resamples)
+            sp_low, sp_high = bootstrap_ci(sp_units, _speedup_from_sums, cell_seed(seed, "ctx-sp", method, task),
+                                           n_resamples)
+            for b in range(n_bins):
+                in_bin = cell_turns.bin.to_numpy() == b
+                if not in_bin.any():
+                    continue
+                n_traj = int(unit_of[in_bin].nunique())
+                interval = n_traj >= 2
+                rows.append({
+                    "task": task, "method": method, "context_lo": int(edges[b]), "context_hi": int(edges[b + 1]) - 1,
+                    "n_trajectories": n_traj, "n_turns": int(in_bin.sum()), "n_steps": int(tau_units[:, b, 1].sum()),
+                    "tau": float(tau_point[b]),
+                    "tau_lo": float(tau_low[b]) if interval else np.nan,
+                    "tau_hi": float(tau_high[b]) if interval else np.nan,
+                    "speedup": float(sp_point[b]),
+                    "speedup_lo": float(sp_low[b]) if interval else np.nan,
+                    "speedup_hi": float(sp_high[b]) if interval else np.nan,
+                    "context_median": float(np.median(cell_turns.context_len[in_bin])),
+                })
+    return pd.DataFrame(rows, columns=CONTEXT_CURVE_COLUMNS + ["context_median"])
+
+
+COST_CURVE_COLUMNS = ["task", "method", "context_lo", "context_hi", "n_steps", "ar_decode_ms", "verify_ms",
+                      "draft_ms", "draft_state_bytes"]
+
+
+def cost_curves(steps: pd.DataFrame, turns: pd.DataFrame, max_bins: int = 6) -> pd.DataFrame:
+    """Per (task, method, context bin of the task): mean ms per verify step of the target (`verify_ms`) and of the
+    drafter (`draft_ms`), mean draft-state bytes, and the target's one-token decode ms (`ar_decode_ms`: the `ar`
+    method's steps in the same bin). Steps fall in the bin of their own context length."""
+    rows = []
+    for task in list(dict.fromkeys(turns.task)):
+        task_turns = decoded(turns[turns.task == task])
+        task_steps = steps[steps.task == task]
+        if task_turns.empty or task_steps.empty:
+            continue
+        edges = task_context_edges(task_turns.context_len, max_bins)
+        bins = context_bin(task_steps.context_len, edges)
+        frame = task_steps.assign(bin=bins)
+        ar = frame[frame.method == BASELINE].groupby("bin").verify_s.mean()
+        for method in list(dict.fromkeys(frame.method)):
+            for b, cell in frame[frame.method == method].groupby("bin"):
+                rows.append({"task": task, "method": method, "context_lo": int(edges[b]),
+                             "context_hi": int(edges[b + 1]) - 1, "n_steps": len(cell),
+                             "ar_decode_ms": 1e3 * float(ar.get(b, np.nan)),
+                             "verify_ms": 1e3 * float(cell.verify_s.mean()),
+                             "draft_ms": 1e3 * float(cell.draft_s.mean()),
+                             "draft_state_bytes": float(cell.draft_state_bytes.mean()),
+                             "context_median": float(cell.context_len.median())})
+    return pd.DataFrame(rows, columns=COST_CURVE_COLUMNS + ["context_median"])

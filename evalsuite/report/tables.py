@@ -14,21 +14,32 @@ import pandas as pd
 from evalsuite.report import stats
 from evalsuite.runner import BASELINE
 
-# Tables 2/3 (DLite): long-context and agentic workloads; every other task is "general" (Table 1, DSpark style).
-LONG_AGENTIC_TASKS = ("longbench-v2", "agentlongbench", "agentmemorybench", "bfcl-v3", "swebench")
-
-
-def is_long_agentic(task_label: str) -> bool:
-    return task_label.split(":", 1)[0] in LONG_AGENTIC_TASKS
-
-
 @dataclass
 class Cell:
     value: float | int | str | None
-    half_width: float | None = None  # printed as ± in Markdown, LaTeX and HTML
-    bold: bool = False
+    low: float | None = None  # the 95 % interval; printed as ± half its width
+    high: float | None = None
+    n: int | None = None  # trajectories behind the value: n=1 prints no interval, n < 5 gets a † note
+    bold: bool = False  # best of its column, its interval clear of the runner-up's
+    tie: bool = False  # tied for best: its interval overlaps the best's (marked ≈)
     digits: int = 2
     unit: str = ""  # "bytes": printed as B/KiB/MiB/GiB
+    count: int | None = None  # a count shown after the value, e.g. the steps behind a rate: "0.81 (n=345)"
+
+    @property
+    def half_width(self) -> float | None:
+        if not self.has_interval:
+            return None
+        return (self.high - self.low) / 2.0
+
+    @property
+    def has_interval(self) -> bool:
+        return (self.low is not None and self.high is not None and not math.isnan(self.low)
+                and not math.isnan(self.high) and (self.n is None or self.n >= 2))
+
+    @property
+    def few(self) -> bool:
+        return self.n is not None and self.n < stats.MIN_TRAJECTORIES
 
     def text(self) -> str:
         value = self.value
@@ -41,9 +52,23 @@ class Cell:
         if isinstance(value, int):
             return f"{value:,}"
         body = f"{value:.{self.digits}f}"
-        if self.half_width is not None and not math.isnan(self.half_width):
+        if self.n == 1:
+            body += " (n=1)"
+        elif self.has_interval:
             body += f" ± {self.half_width:.{self.digits}f}"
+        if self.count is not None:
+            body += f" (n={self.count:,})"
+        if self.few:
+            body += " †"
+        if self.tie:
+            body += " ≈"
         return body
+
+
+FEW_NOTE = (f"† fewer than {stats.MIN_TRAJECTORIES} trajectories in this cell: its interval is rough (with one "
+            "trajectory there is none, and n=1 is printed)")
+BOLD_NOTE = ("bold = best of its column, its 95 % interval clear of the runner-up's; ≈ = tied for best (intervals "
+             "overlap, so no bold); cells without an interval (n=1) are never bolded")
 
 
 @dataclass
@@ -105,7 +130,7 @@ def to_latex(table: Table) -> str:
 
 
 def to_html(table: Table) -> str:
-    parts = [f'<section class="table" id="{table.name}">', f"<h3>{html.escape(table.title)}</h3>", "<table>",
+    parts = [f'<section class="table" id="{table.name}">', f"<h3>{inline_code(table.title)}</h3>", "<table>",
              "<thead>"]
     if table.groups:
         parts.append("<tr>" + "".join(f'<th colspan="{span}" class="group">{html.escape(name)}</th>'
@@ -115,15 +140,23 @@ def to_html(table: Table) -> str:
     for cells in table.rows:
         tds = []
         for i, cell in enumerate(cells):
-            text = html.escape(cell.text())
+            text = inline_code(cell.text())
             cls = "num" if i > 0 and _is_number(cell.value) else "label"
             tds.append(f'<td class="{cls}">' + (f"<strong>{text}</strong>" if cell.bold else text) + "</td>")
         parts.append("<tr>" + "".join(tds) + "</tr>")
     parts.append("</tbody></table>")
     if table.notes:
-        parts.append('<ul class="notes">' + "".join(f"<li>{html.escape(n)}</li>" for n in table.notes) + "</ul>")
+        parts.append('<ul class="notes">' + "".join(f"<li>{inline_code(n)}</li>" for n in table.notes) + "</ul>")
     parts.append("</section>")
     return "\n".join(parts)
+
+
+def inline_code(text: str) -> str:
+    """HTML-escaped text in which `code` spans become <code> (an unpaired backtick stays literal)."""
+    pieces = html.escape(text).split("`")
+    if len(pieces) % 2 == 0:
+        return "`".join(pieces)
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(pieces))
 
 
 def _is_number(value) -> bool:
@@ -150,21 +183,26 @@ def latex_escape(text: str) -> str:
 
 
 # ---- helpers ---------------------------------------------------------------------------------------------------
-def half_width(low: float, high: float) -> float:
-    return (high - low) / 2.0
-
-
 def mark_best(rows: list[list[Cell]], columns: list[int]) -> None:
-    """Bold the highest value of each column, compared at the printed precision (ties are all bold)."""
+    """Per column: bold the highest value only when its interval lies above the runner-up's interval; when they
+    overlap it is a tie: the best and every cell whose interval overlaps the best's are marked ≈, none bold.
+    A best without an interval (one trajectory) is not marked at all: nothing tells it from the rest."""
     for j in columns:
-        values = [(i, round(row[j].value, row[j].digits)) for i, row in enumerate(rows)
-                  if isinstance(row[j].value, float) and not math.isnan(row[j].value)]
-        if not values:
+        cells = [row[j] for row in rows if _is_number(row[j].value) and not isinstance(row[j].value, int)
+                 and not math.isnan(row[j].value)]
+        if len(cells) < 2:
             continue
-        best = max(v for _, v in values)
-        for i, v in values:
-            if v == best:
-                rows[i][j].bold = True
+        ranked = sorted(cells, key=lambda c: c.value, reverse=True)
+        best, runner_up = ranked[0], ranked[1]
+        if not best.has_interval:
+            continue
+        if runner_up.has_interval and best.low > runner_up.high:
+            best.bold = True
+            continue
+        best.tie = True
+        for cell in ranked[1:]:
+            if not cell.has_interval or cell.high >= best.low:
+                cell.tie = True
 
 
 def _summary_lookup(summary: pd.DataFrame) -> dict[tuple[str, str], pd.Series]:
@@ -180,71 +218,155 @@ def _drafting_methods(methods: list[str]) -> list[str]:
     return [m for m in methods if m != BASELINE]
 
 
-# ---- Table 1: τ per general task -------------------------------------------------------------------------------
-def tau_table(summary: pd.DataFrame, methods: list[str], tasks: list[str]) -> Table | None:
-    """Table 1 style: rows = methods, columns = general tasks + Mean, cells τ ± CI half-width."""
-    tasks = [t for t in tasks if not is_long_agentic(t)]
-    methods = _drafting_methods(methods)
-    cells = summary[summary.task.isin(tasks) & summary.method.isin(methods)]
-    if cells.empty:
-        return None
-    lookup = _summary_lookup(cells)
-    rows, records = [], []
-    for method in methods:
-        row = [Cell(method)]
-        values = []
-        for task in tasks:
-            r = lookup.get((method, task))
-            if r is None:
-                row.append(Cell(None))
-                values.append(float("nan"))
-                continue
-            row.append(Cell(r.tau, half_width(r.tau_ci_low, r.tau_ci_high)))
-            values.append(r.tau)
-            records.append({"method": method, "task": task, "tau": r.tau, "tau_ci_low": r.tau_ci_low,
-                            "tau_ci_high": r.tau_ci_high, "tau_turn_macro": r.tau_turn_macro,
-                            "trajectories": r.trajectories, "turns": r.turns, "skipped": r.skipped,
-                            "steps": r.steps, "temperature": r.temperature})
-        mean = float(sum(values) / len(values)) if values and not any(math.isnan(v) for v in values) else float("nan")
-        row.append(Cell(mean))
-        records.append({"method": method, "task": "Mean", "tau": mean})
-        rows.append(row)
-    mark_best(rows, list(range(1, len(tasks) + 2)))
-    notes = [stats.TAU_CONVENTION, stats.CI_CONVENTION,
-             "Mean = unweighted mean over this table's tasks (blank when a method lacks one); bold = best per column",
-             "the per-turn macro τ is in the `tau_turn_macro` table and this table's CSV", _skipped_note(cells)]
-    if BASELINE in set(summary.method):
-        notes.append(f"`{BASELINE}` (the baseline, τ = 1 by construction) is omitted")
-    return Table("table1_tau_general", "Table 1 style: τ per general task", ["Method", *tasks, "Mean"], rows, notes,
-                 pd.DataFrame(records))
+# ---- the headline: Table 1 with τ and speedup per task, one block per temperature -----------------------------
+def headline_tables(summary: pd.DataFrame, methods: list[str], tasks: list[str]) -> list[Table]:
+    """Paper-style Table 1: rows = drafting methods, per task τ and speedup side by side, then the Mean over tasks;
+    one table per temperature. Each task's header says its n; a cell whose n differs prints its own."""
+    tables = []
+    temperatures = sorted(set(summary.temperature.dropna())) or [float("nan")]
+    for temperature in temperatures:
+        block = summary[(summary.temperature == temperature) & summary.method.isin(_drafting_methods(methods))]
+        block_tasks = [t for t in tasks if t in set(block.task)]
+        if block.empty:
+            continue
+        lookup = _summary_lookup(block)
+        common_n = {t: int(block[block.task == t].trajectories.max()) for t in block_tasks}
+        rows, records = [], []
+        for method in [m for m in _drafting_methods(methods) if m in set(block.method)]:
+            row, taus, speedups = [Cell(method)], [], []
+            for task in block_tasks:
+                r = lookup.get((method, task))
+                if r is None:
+                    row += [Cell(None), Cell(None)]
+                    taus.append(float("nan"))
+                    speedups.append(float("nan"))
+                    continue
+                n = int(r.trajectories)
+                row += [Cell(r.tau, r.tau_ci_low, r.tau_ci_high, n),
+                        Cell(r.speedup, r.speedup_ci_low, r.speedup_ci_high, n)]
+                if n != common_n[task] and n > 1:
+                    row[-1].count = n
+                taus.append(r.tau)
+                speedups.append(r.speedup)
+                records.append({"temperature": temperature, "method": method, "task": task,
+                                **{c: getattr(r, c) for c in ("trajectories", "turns", "tau", "tau_ci_low",
+                                                              "tau_ci_high", "speedup", "speedup_ci_low",
+                                                              "speedup_ci_high")}})
+            mean_tau, mean_speedup = _mean(taus), _mean(speedups)
+            row += [Cell(mean_tau), Cell(mean_speedup)]
+            records.append({"temperature": temperature, "method": method, "task": "Mean", "tau": mean_tau,
+                            "speedup": mean_speedup})
+            rows.append(row)
+        mark_best(rows, list(range(1, 2 * len(block_tasks) + 1)))
+        turns_of = {t: int(block[block.task == t].turns.max()) for t in block_tasks}
+        groups = [("", 1)] + [(f"{t} (n={common_n[t]}, {turns_of[t]} turns)", 2) for t in block_tasks] + \
+                 [("Mean", 2)]
+        notes = [stats.TAU_CONVENTION, stats.SPEEDUP_CONVENTION, stats.CI_CONVENTION,
+                 "n = trajectories (sampled tasks / conversations) per cell, as in each task's header unless the "
+                 "cell says otherwise", BOLD_NOTE,
+                 "Mean = unweighted mean over the tasks of this block (no interval; blank when a method lacks a task)",
+                 f"`{BASELINE}` (τ = 1, speedup = 1 by construction) is the reference; its speed is in the next table",
+                 _skipped_note(block)]
+        if any(c.few for row in rows for c in row):
+            notes.insert(0, FEW_NOTE)
+        label = f"T = {temperature:g}"
+        tables.append(Table(f"table1_T{temperature:g}", f"Table 1 ({label}): τ and speedup per task",
+                            ["Method"] + ["τ", "speedup"] * (len(block_tasks) + 1), rows, notes,
+                            pd.DataFrame(records), groups=groups))
+    return tables
 
 
-# ---- Tables 2/3: τ and speedup, long-context and agentic -------------------------------------------------------
-def long_agentic_table(summary: pd.DataFrame, methods: list[str], tasks: list[str]) -> Table | None:
-    tasks = [t for t in tasks if is_long_agentic(t)]
-    methods = _drafting_methods(methods)
-    cells = summary[summary.task.isin(tasks) & summary.method.isin(methods)]
-    if cells.empty:
-        return None
-    lookup = _summary_lookup(cells)
+def _mean(values: list[float]) -> float:
+    return float(sum(values) / len(values)) if values and not any(math.isnan(v) for v in values) else float("nan")
+
+
+def baseline_table(summary: pd.DataFrame, turns: pd.DataFrame, tasks: list[str]) -> Table | None:
+    """The `ar` baseline's absolute speed per task, with n: what every speedup is relative to."""
     rows, records = [], []
-    for method in methods:
-        row = [Cell(method)]
-        for task in tasks:
-            r = lookup.get((method, task))
-            if r is None:
-                row += [Cell(None), Cell(None)]
-                continue
-            row += [Cell(r.tau, half_width(r.tau_ci_low, r.tau_ci_high)),
-                    Cell(r.speedup, half_width(r.speedup_ci_low, r.speedup_ci_high))]
-            records.append({c: getattr(r, c) for c in stats.SUMMARY_COLUMNS})
-        rows.append(row)
-    mark_best(rows, list(range(1, 2 * len(tasks) + 1)))
-    notes = [stats.TAU_CONVENTION, stats.SPEEDUP_CONVENTION, stats.CI_CONVENTION, "bold = best per column",
-             _skipped_note(cells)]
-    return Table("table23_long_agentic", "Tables 2/3 style: τ and speedup on long-context and agentic tasks",
-                 ["Method"] + ["τ", "speedup"] * len(tasks), rows, notes, pd.DataFrame(records),
-                 groups=[("", 1)] + [(task, 2) for task in tasks])
+    for task in tasks:
+        cells = summary[summary.task == task]
+        if cells.empty:
+            continue
+        ms = float(cells.ar_ms_per_token.iloc[0])
+        ar = stats.decoded(turns[(turns.task == task) & (turns.method == BASELINE)])
+        source = f"`{BASELINE}` runs" if not ar.empty else "paired AR decodes"
+        n_traj = int(ar.sample_id.nunique()) if not ar.empty else int(cells.trajectories.max())
+        n_turns = len(ar) if not ar.empty else int(cells.turns.max())
+        tokens = int(ar.new_tokens.sum()) if not ar.empty else int(cells.tokens.max())
+        rows.append([Cell(task), Cell(ms, digits=1), Cell(1e3 / ms if ms > 0 else float("nan"), digits=1),
+                     Cell(n_traj), Cell(n_turns), Cell(tokens), Cell(source)])
+        records.append({"task": task, "ar_ms_per_token": ms, "ar_tokens_per_s": 1e3 / ms if ms > 0 else math.nan,
+                        "n_trajectories": n_traj, "n_turns": n_turns, "tokens": tokens})
+    if not rows:
+        return None
+    notes = ["ms/token = decode seconds / generated tokens over the task's decoded turns (target prefill "
+             "excluded); tokens/s = its inverse", "the target runs as recorded in the configuration tables at "
+             "the end of this page"]
+    return Table("ar_baseline", f"The `{BASELINE}` baseline: target decode speed", ["Task", "ms/token", "tokens/s",
+                 "trajectories", "turns", "tokens", "from"], rows, notes, pd.DataFrame(records))
+
+
+SUMMARY_CSV_COLUMNS = ["task", "method", "temperature", "n_trajectories", "n_turns", "tau", "speedup",
+                       "ar_ms_per_token", "differs_from_ar"]
+
+
+def summary_table(summary: pd.DataFrame) -> Table:
+    """tables/summary.csv: one row per (task, method), the numbers the headline quotes."""
+    frame = summary.rename(columns={"trajectories": "n_trajectories", "turns": "n_turns"})[SUMMARY_CSV_COLUMNS]
+    rows = []
+    for r in summary.itertuples(index=False):
+        differs = (f"{int(r.differs_from_ar)} of {int(r.compared_with_ar)}" if not math.isnan(r.differs_from_ar)
+                   else "–")
+        rows.append([Cell(r.task), Cell(r.method), Cell(r.temperature, digits=1), Cell(int(r.trajectories)),
+                     Cell(int(r.turns)), Cell(r.tau, r.tau_ci_low, r.tau_ci_high, int(r.trajectories)),
+                     Cell(r.speedup, r.speedup_ci_low, r.speedup_ci_high, int(r.trajectories)),
+                     Cell(r.ar_ms_per_token, digits=1), Cell(differs)])
+    notes = ["differs from ar = decoded turns whose output tokens differ from the `ar` output of the same task, "
+             "sample and turn, out of those compared; only at T = 0, where a lossless method must reproduce `ar` "
+             "(– where it does not apply)", stats.TAU_CONVENTION, stats.SPEEDUP_CONVENTION, stats.CI_CONVENTION]
+    if any(r.trajectories < stats.MIN_TRAJECTORIES for r in summary.itertuples()):
+        notes.insert(0, FEW_NOTE)
+    return Table("summary", "Summary: every task × method",
+                 ["Task", "Method", "T", "trajectories", "turns", "τ", "speedup", "ar ms/token", "differs from ar"],
+                 rows, notes, frame)
+
+
+# ---- context within each task ----------------------------------------------------------------------------------
+def context_table(curves: pd.DataFrame) -> Table | None:
+    if curves.empty:
+        return None
+    rows = []
+    for r in curves.itertuples(index=False):
+        n = int(r.n_trajectories)
+        rows.append([Cell(r.task), Cell(r.method), Cell(f"{r.context_lo:,}–{r.context_hi:,}"), Cell(n),
+                     Cell(int(r.n_turns)), Cell(int(r.n_steps)), Cell(r.tau, r.tau_lo, r.tau_hi, n),
+                     Cell(r.speedup, r.speedup_lo, r.speedup_hi, n)])
+    notes = [stats.CONTEXT_CONVENTION, stats.TAU_CONVENTION, stats.SPEEDUP_CONVENTION, stats.CI_CONVENTION]
+    if (curves.n_trajectories < stats.MIN_TRAJECTORIES).any():
+        notes.insert(0, FEW_NOTE)
+    return Table("speedup_vs_context", "τ and speedup against context, within each task",
+                 ["Task", "Method", "context (tokens)", "trajectories", "turns", "steps", "τ", "speedup"], rows,
+                 notes, curves[stats.CONTEXT_CURVE_COLUMNS])
+
+
+def cost_context_table(costs: pd.DataFrame) -> Table | None:
+    if costs.empty:
+        return None
+    rows = []
+    for r in costs.itertuples(index=False):
+        drafting = r.method != BASELINE
+        rows.append([Cell(r.task), Cell(r.method), Cell(f"{r.context_lo:,}–{r.context_hi:,}"), Cell(int(r.n_steps)),
+                     Cell(r.ar_decode_ms, digits=1), Cell(r.verify_ms if drafting else None, digits=1),
+                     Cell(r.draft_ms if drafting else None, digits=2),
+                     Cell(r.draft_state_bytes if drafting else None, unit="bytes")])
+    notes = ["target 1-token decode = mean ms of the `ar` method's forward steps in the same task and context bin "
+             "(what a drafter must beat per emitted token); verify = mean ms of the method's verify forward "
+             "(its K+1 tokens); draft = mean ms of the drafter's work per step; state = mean draft-state bytes",
+             "steps fall in the bin of their own context length (the target KV length when the step starts); bins "
+             "are those of the context table of the same task"]
+    return Table("cost_vs_context", "Cost against context, within each task: target decode, verify and draft",
+                 ["Task", "Method", "context (tokens)", "steps", "target 1-token decode ms", "verify ms",
+                  "draft ms", "draft state"], rows, notes, costs[stats.COST_CURVE_COLUMNS])
 
 
 # ---- τ per-turn macro ------------------------------------------------------------------------------------------
@@ -256,10 +378,9 @@ def tau_macro_table(summary: pd.DataFrame, methods: list[str], tasks: list[str])
     lookup = _summary_lookup(cells)
     rows = [[Cell(m)] + [Cell(lookup[(m, t)].tau_turn_macro) if (m, t) in lookup else Cell(None) for t in tasks]
             for m in methods]
-    mark_best(rows, list(range(1, len(tasks) + 1)))
     csv = cells[["method", "task", "tau_turn_macro", "tau", "turns"]]
     notes = ["τ (turn macro) = mean over decoded turns of each turn's token-weighted τ; every turn counts equally "
-             "(the z-lab DFlash convention), unlike the pooled τ of Tables 1-3", "bold = best per column"]
+             "(the z-lab DFlash convention), unlike the pooled τ of Table 1", "no interval, so nothing is bolded"]
     return Table("tau_turn_macro", "τ, per-turn macro average", ["Method", *tasks], rows, notes, csv)
 
 
@@ -272,9 +393,10 @@ def results_table(summary: pd.DataFrame) -> Table:
     for r in summary.itertuples(index=False):
         rows.append([Cell(r.method), Cell(r.task), Cell(r.temperature, digits=1), Cell(int(r.trajectories)),
                      Cell(int(r.turns)), Cell(int(r.skipped)), Cell(int(r.steps)), Cell(int(r.tokens)),
-                     Cell(r.tau, half_width(r.tau_ci_low, r.tau_ci_high)), Cell(r.tau_turn_macro),
-                     Cell(int(r.paired_turns)), Cell(r.speedup, half_width(r.speedup_ci_low, r.speedup_ci_high))])
-    notes = [stats.TAU_CONVENTION, stats.SPEEDUP_CONVENTION, stats.CI_CONVENTION, stats.SKIPPED_CONVENTION,
+                     Cell(r.tau, r.tau_ci_low, r.tau_ci_high, int(r.trajectories)), Cell(r.tau_turn_macro),
+                     Cell(int(r.paired_turns)),
+                     Cell(r.speedup, r.speedup_ci_low, r.speedup_ci_high, int(r.trajectories))])
+    notes = ([FEW_NOTE] if (summary.trajectories < stats.MIN_TRAJECTORIES).any() else []) + [stats.TAU_CONVENTION, stats.SPEEDUP_CONVENTION, stats.CI_CONVENTION, stats.SKIPPED_CONVENTION,
              "T = sampling temperature; turns = decoded turns; paired turns = those with an AR measurement"]
     return Table("all_results", "All results: every method × task, with counts", header, rows, notes, summary)
 
@@ -288,11 +410,16 @@ def position_table(steps: pd.DataFrame, methods: list[str]) -> Table | None:
     rows, records = [], []
     for method in methods:
         table = stats.per_position(steps[steps.method == method], max_position=k)
-        rows.append([Cell(method)] + [Cell(v, digits=3) for v in table.conditional] +
-                    [Cell(v, digits=3) for v in table.marginal])
+        rows.append([Cell(method)] +
+                    [Cell(v, digits=2, count=int(n)) if n else Cell(None) for v, n in zip(table.conditional,
+                                                                                        table.reached)] +
+                    [Cell(v, digits=2, count=int(n)) if n else Cell(None) for v, n in zip(table.marginal,
+                                                                                        table.drafted)])
         records += [{"method": method, **row} for row in table.to_dict("records")]
     positions = [str(j) for j in range(1, k + 1)]
     notes = [stats.POSITION_CONVENTION, "steps pooled over every task in this report",
+             "n = the steps behind each rate (conditional: steps that reached position j; marginal: steps that "
+             "drafted at least j tokens); – = a position never reached, so it has no rate (not 0)",
              "the CSV holds the counts behind each rate (drafted, reached, accepted)"]
     return Table("per_position", "Per-position acceptance", ["Method", *positions, *positions], rows, notes,
                  pd.DataFrame(records), groups=[("", 1), ("conditional", k), ("marginal", k)])
