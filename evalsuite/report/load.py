@@ -92,7 +92,8 @@ def read_run(path: Path, key: str) -> tuple[RunInfo, pd.DataFrame, pd.DataFrame]
 REQUIRED_COLUMNS = {"method", "task", "sample_id", "turn", "context_len", "num_drafted", "num_accepted",
                     "accept_flags", "draft_s", "verify_s", "new_tokens", "decode_s", "ar_decode_s", "ar_new_tokens",
                     "stop_reason"}
-FILL_MISSING = {"draft_state_bytes": 0, "draft_history_bytes": 0, "dropped_tokens": 0, "skip_reason": "",
+FILL_MISSING = {"draft_state_bytes": 0, "draft_history_bytes": 0, "dropped_tokens": 0, "dropped_messages": 0,
+                "skip_reason": "",
                 "output_ids": None}
 
 
