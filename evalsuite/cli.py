@@ -118,6 +118,11 @@ def run(
     weight_layout: str = typer.Option("auto", help="auto | row-major | column-major | column-major+onednn: the "
                                       "target's Linear weight storage and kernels (auto: column-major+onednn on "
                                       "CPU, the fastest for decode and verify there; row-major elsewhere)."),
+    kv_cache: str = typer.Option("static", help="static | dynamic: the target's KV cache (static: preallocated, "
+                                 "in-place, rollback by length, GQA-folded attention; dynamic: transformers' "
+                                 "DynamicCache, the engine before it)."),
+    compile: bool = typer.Option(False, "--compile", help="Decode and verify forwards through torch.compile "
+                                 "(compiled during the warm-up; recorded)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Run directory (default results/<run_id>)."),
     resume: bool = typer.Option(False, help="Skip (method, sample) pairs already finished in --out."),
     replay: str = typer.Option("auto", help="auto | logged | free: history for later turns."),
@@ -156,7 +161,7 @@ def run(
         options.setdefault("dspark", {})["confidence_threshold"] = confidence_threshold
     config = RunConfig(
         methods=methods, task=task, target=target, drafters=_parse_drafters(drafter, methods), device=device,
-        dtype=dtype, weight_layout=weight_layout, k=k, temperature=temperature, top_p=top_p, top_k=top_k,
+        dtype=dtype, weight_layout=weight_layout, kv_cache=kv_cache, compile=compile, k=k, temperature=temperature, top_p=top_p, top_k=top_k,
         max_new_tokens=max_new_tokens, limit=limit, seed=seed, resume=resume, replay=replay, context_policy=context_policy, max_turns=max_turns,
         enable_thinking=enable_thinking, data_path=data_path, subset=subset, warmup=warmup, method_options=options,
     )

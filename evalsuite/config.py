@@ -28,6 +28,8 @@ class RunConfig:
     device: str = "cpu"
     dtype: str | None = None
     weight_layout: str = "auto"  # the target's Linear weight storage (TargetModel.load); resolved in run.json
+    kv_cache: str = "static"  # the target's KV cache: static (evalsuite.kv_cache) | dynamic (transformers')
+    compile: bool = False  # decode and verify forwards through torch.compile
     k: int = 7
     temperature: float = 0.0
     top_p: float = 1.0
@@ -75,6 +77,7 @@ class RunConfig:
 # Fields whose change makes two runs' numbers incomparable; --resume refuses to mix them.
 DRIFT_FIELDS = ("target_sha256", "chat_template_sha256", "enable_thinking", "temperature", "top_p", "top_k", "k",
                 "max_new_tokens", "seed", "task", "replay", "context_policy", "dtype", "weight_layout",
+                "kv_cache", "compile",
                 "drafter_sha256")
 
 

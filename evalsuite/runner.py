@@ -111,7 +111,7 @@ class Runner:
             raise UserError(f"task {self.config.task}: no samples to run")
         check_replay_mode(self.config.replay, self.trajectories, self.config.task)
         self.target = TargetModel.load(self.config.target, self.config.device, self.config.dtype,
-                                       self.config.weight_layout)
+                                       self.config.weight_layout, self.config.kv_cache, self.config.compile)
         self._clock = DeviceClock(self.target.device)
         self.policy = make_policy(self.config.context_policy,
                                   Window(self.target.max_context, self.config.max_new_tokens, self.config.k))

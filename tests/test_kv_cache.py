@@ -1,0 +1,192 @@
+"""The static (preallocated) target KV cache: in-place writes, rollback by length, exact against a fresh prefill."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+from typer.testing import CliRunner
+
+from evalsuite.cli import app
+from evalsuite.errors import UserError
+from evalsuite.kv_cache import GrowableLayer, KVCache, gqa_sdpa
+from evalsuite.records import load_turns
+from evalsuite.target import TargetModel
+from evalsuite.testing import byte_tokenizer
+
+LAYERS = (-1, 0, 2)
+
+
+def fresh(target: TargetModel, ids: list[int]):
+    """Logits and hidden states of `ids` from one prefill into an empty cache."""
+    return target.forward(torch.tensor(ids), target.new_cache(), LAYERS)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_verify_and_rollback_sequences_match_a_fresh_prefill(tiny_target, seed):
+    rng = random.Random(seed)
+    target = tiny_target
+    cache = target.new_cache()
+    assert isinstance(cache, KVCache)
+    ids = [rng.randrange(4, target.vocab_size) for _ in range(rng.randrange(5, 40))]
+    target.forward(torch.tensor(ids), cache, LAYERS)
+    for _ in range(12):
+        block = [rng.randrange(4, target.vocab_size) for _ in range(rng.randrange(1, 10))]
+        out = target.forward(torch.tensor(block), cache, LAYERS)
+        ref = fresh(target, ids + block)
+        n = len(block)
+        torch.testing.assert_close(out.logits, ref.logits[-n:], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(out.hidden, ref.hidden[-n:], rtol=1e-4, atol=1e-4)
+        keep = rng.randrange(0, n + 1)  # accept a prefix of the block, roll back the rest
+        target.crop(cache, len(ids) + keep)
+        ids = ids + block[:keep]
+        assert cache.get_seq_length() == len(ids)
+
+
+def test_static_and_dynamic_caches_give_the_same_decode(tiny_llama_dir):
+    static = TargetModel.load(str(tiny_llama_dir), kv_cache="static")
+    dynamic = TargetModel.load(str(tiny_llama_dir), kv_cache="dynamic")
+    prompt = list(range(10, 70))
+    outs = []
+    for target in (static, dynamic):
+        cache = target.new_cache()
+        logits = target.forward(torch.tensor(prompt), cache, last_only=True).logits
+        ids = []
+        for _ in range(30):
+            token = int(logits[-1].argmax())
+            ids.append(token)
+            logits = target.forward(torch.tensor([token]), cache).logits
+        outs.append(ids)
+    assert outs[0] == outs[1]
+    assert static.model.config._attn_implementation == "evalsuite_sdpa"
+    assert dynamic.model.config._attn_implementation == "sdpa"
+
+
+def test_growth_keeps_the_content_and_writes_in_place():
+    layer = GrowableLayer(chunk=4)
+    k = torch.randn(1, 2, 3, 8)
+    keys, _ = layer.update(k, k.clone())
+    assert layer.capacity == 4 and torch.equal(keys, k)
+    buffer = layer._k
+    more = torch.randn(1, 2, 1, 8)
+    keys, _ = layer.update(more, more.clone())
+    assert layer._k is buffer  # no reallocation while the block fits
+    assert keys.data_ptr() == buffer.data_ptr()  # a view of the buffer, not a copy
+    grow = torch.randn(1, 2, 6, 8)
+    keys, values = layer.update(grow, grow.clone())
+    assert layer.capacity == 12 and torch.equal(keys, torch.cat([k, more, grow], dim=2))
+    layer.crop(-7)
+    assert layer.get_seq_length() == 3 and torch.equal(layer.keys, k)
+    layer.reserve(30)
+    assert layer.capacity == 32 and torch.equal(layer.keys, k)
+
+
+def test_folded_gqa_attention_equals_repeated_heads():
+    torch.manual_seed(0)
+
+    class Module:
+        num_key_value_groups = 3
+        is_causal = True
+
+    q_len, ctx = 5, 23
+    query = torch.randn(1, 6, q_len, 16)
+    key, value = torch.randn(1, 2, ctx, 16), torch.randn(1, 2, ctx, 16)
+    mask = torch.ones(q_len, ctx, dtype=torch.bool).tril(ctx - q_len).view(1, 1, q_len, ctx)
+    out, _ = gqa_sdpa(Module(), query, key, value, mask, scaling=0.25)
+    expanded_k = key.repeat_interleave(3, dim=1)
+    expanded_v = value.repeat_interleave(3, dim=1)
+    ref = torch.nn.functional.scaled_dot_product_attention(query, expanded_k, expanded_v, attn_mask=mask, scale=0.25)
+    torch.testing.assert_close(out, ref.transpose(1, 2), rtol=1e-5, atol=1e-6)
+
+
+# ---- targets with per-layer attention types (sliding window + full, Gemma-3-style rope per layer type) ---------
+
+def build_tiny_gemma3(directory, max_positions: int = 512):
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        vocab_size=260, hidden_size=64, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, intermediate_size=128, max_position_embeddings=max_positions, sliding_window=8,
+        layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"] * 2,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True,
+    )
+    model = Gemma3ForCausalLM(config)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(4.0)
+    model.generation_config.eos_token_id = 2
+    model.save_pretrained(directory, safe_serialization=True)
+    byte_tokenizer().save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma3_dir(tmp_path_factory):
+    return build_tiny_gemma3(tmp_path_factory.mktemp("gemma3"))
+
+
+def test_sliding_window_layers_stay_exact_past_the_window(tiny_gemma3_dir):
+    target = TargetModel.load(str(tiny_gemma3_dir))
+    rng = random.Random(0)
+    cache = target.new_cache()
+    assert [layer.is_sliding for layer in cache.layers] == [True, True, True, False] * 2
+    ids = [rng.randrange(4, 260) for _ in range(20)]  # already past the 8-token window
+    target.forward(torch.tensor(ids), cache, LAYERS)
+    for _ in range(8):
+        block = [rng.randrange(4, 260) for _ in range(rng.randrange(1, 9))]
+        out = target.forward(torch.tensor(block), cache, LAYERS)
+        ref = fresh(target, ids + block)
+        torch.testing.assert_close(out.logits, ref.logits[-len(block):], rtol=1e-4, atol=1e-4)
+        keep = rng.randrange(0, len(block) + 1)
+        target.crop(cache, len(ids) + keep)
+        ids += block[:keep]
+
+
+@pytest.mark.parametrize("method", ["ar", "ngram", "dlite", "eagle3", "dflash", "dspark"])
+def test_per_layer_attention_types_run_or_fail_in_one_line(tiny_gemma3_dir, tmp_path, method):
+    drafter = [] if method in ("ar", "ngram") else ["--drafter", f"{method}=random"]
+    result = CliRunner().invoke(app, [
+        "run", "--method", f"ar,{method}" if method != "ar" else "ar", "--task", "gsm8k", "--limit", "1",
+        "--target", str(tiny_gemma3_dir), "--max-new-tokens", "24", "--k", "4", "--out", str(tmp_path / "run"),
+        *drafter,
+    ])
+    if result.exit_code == 0:
+        turns = load_turns(tmp_path / "run")
+        ar = turns[turns.method == "ar"].output_ids.iloc[0]
+        assert list(turns[turns.method == method].output_ids.iloc[0]) == list(ar)  # lossless at T=0
+    else:
+        assert result.exit_code == 2, result.output
+        lines = [line for line in result.output.splitlines() if line.strip() and "Loading weights" not in line]
+        assert len(lines) == 1 and "Traceback" not in result.output, result.output
+
+
+def test_unsupported_layer_types_are_a_one_line_error(tiny_gemma3_dir, monkeypatch):
+    import evalsuite.kv_cache as kv_cache
+
+    monkeypatch.setattr(kv_cache, "get_layer_types_and_kwargs", lambda config: (["linear_attention"] * 8, [{}] * 8))
+    with pytest.raises(UserError, match="--kv-cache dynamic"):
+        TargetModel.load(str(tiny_gemma3_dir))
+    TargetModel.load(str(tiny_gemma3_dir), kv_cache="dynamic")  # the old engine still takes it
+
+
+def test_compiled_decode_and_verify_match_eager(tiny_llama_dir):
+    eager = TargetModel.load(str(tiny_llama_dir))
+    compiled = TargetModel.load(str(tiny_llama_dir), compile=True)
+    assert compiled.weight_layout == "column-major"  # auto avoids oneDNN's opaque tensors under torch.compile
+    prompt = list(range(10, 50))
+    caches = {}
+    for name, target in (("eager", eager), ("compiled", compiled)):
+        caches[name] = target.new_cache()
+        target.forward(torch.tensor(prompt), caches[name], LAYERS, last_only=True)
+    for block in ([7], [8, 9, 10, 11], [12], [13, 14, 15]):  # decode, verify, decode at a new length, verify
+        outs = {name: target.forward(torch.tensor(block), caches[name], LAYERS)
+                for name, target in (("eager", eager), ("compiled", compiled))}
+        torch.testing.assert_close(outs["compiled"].logits, outs["eager"].logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(outs["compiled"].hidden, outs["eager"].hidden, rtol=1e-4, atol=1e-4)
+        for name, target in (("eager", eager), ("compiled", compiled)):
+            target.crop(caches[name], caches[name].get_seq_length() - len(block) + 1)  # roll back all but one
+
+
+def test_compile_with_onednn_blocks_is_a_one_line_error(tiny_llama_dir):
+    with pytest.raises(UserError, match="--compile: the oneDNN block kernels cannot be compiled"):
+        TargetModel.load(str(tiny_llama_dir), weight_layout="column-major+onednn", compile=True)
