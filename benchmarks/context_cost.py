@@ -113,29 +113,29 @@ def main() -> None:
     if args.compile:
         targets["static+compile"] = TargetModel.load(args.target, args.device, kv_cache="static", compile=True)
     contexts = [int(c) for c in args.contexts.split(",")]
-    bandwidth = copy_bandwidth(targets[kinds[0]].device)
     target = targets[kinds[0]]
+    bandwidth = copy_bandwidth(target.device)
     weights = weight_bytes(target)
     per_token = kv_bytes_per_token(target)
-    results = {context: measure(targets, context, args.repeats) for context in contexts}
-
     print(f"target: {target.name} on {target.device} ({target.weight_layout}), threads {torch.get_num_threads()}, "
           f"{args.repeats} repeats (medians); weights read per forward {weights / 1e6:.0f} MB, KV "
           f"{per_token / 1e3:.1f} kB/token, copy bandwidth {bandwidth / 1e9:.1f} GB/s (measured now)")
-    for kind in targets:
-        print(f"\ncache {kind}")
-        print("context  decode ms  verify-2 ms (÷dec)  verify-4 ms (÷dec)  verify-8 ms (÷dec)  floor ms  "
-              "decode ÷ floor")
-        for context in contexts:
-            t = results[context][kind]
-            floor = (weights + per_token * context) / bandwidth
+    print("cache           context  decode ms  verify-2 ms (÷dec)  verify-4 ms (÷dec)  verify-8 ms (÷dec)  "
+          "floor ms  decode ÷ floor", flush=True)
+    results = {}
+    for context in contexts:  # rows print as they are measured
+        results[context] = measure(targets, context, args.repeats)
+        floor = (weights + per_token * context) / bandwidth
+        for kind, t in results[context].items():
             cells = "  ".join(f"{1e3 * t[n]:11.1f} ({t[n] / t[1]:.2f})" for n in BLOCKS[1:])
-            print(f"{context:7d}  {1e3 * t[1]:9.1f}  {cells}  {1e3 * floor:8.1f}  {t[1] / floor:14.2f}")
+            print(f"{kind:14s}  {context:7d}  {1e3 * t[1]:9.1f}  {cells}  {1e3 * floor:8.1f}  {t[1] / floor:14.2f}",
+                  flush=True)
+    for kind in targets:
         short = results[contexts[0]][kind][1]
-        print("decode ÷ decode at the shortest context: " +
+        print(f"{kind}: decode ÷ decode at {contexts[0]}: " +
               "  ".join(f"{c}: {results[c][kind][1] / short:.2f}" for c in contexts))
     if "dynamic" in targets and "static" in targets:
-        print("\nstatic speed-up over dynamic (time ratio), per context and block: ")
+        print("static speed-up over dynamic (time ratio) per context, by block size:")
         for context in contexts:
             d, s = results[context]["dynamic"], results[context]["static"]
             print(f"{context:7d}  " + "  ".join(f"{n}: {d[n] / s[n]:.2f}" for n in BLOCKS))
