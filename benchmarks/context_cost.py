@@ -14,12 +14,18 @@ uses (set OMP_NUM_THREADS).
 
 Usage: python benchmarks/context_cost.py [--target default] [--contexts 512,2048,4096,8000] [--repeats 10]
        [--cache dynamic,static] [--compile]
+On a GPU, a Qwen3-8B-shaped target with random bf16 weights (benchmarks/gpu_check.sh runs this):
+       python benchmarks/context_cost.py --target qwen3-8b-random --device cuda --contexts 1024,8192,32768 --compile
+       (--tiny: the same code path with tiny shapes, for a check on CPU)
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+
+import sys
+from pathlib import Path
 
 import torch
 
@@ -98,6 +104,18 @@ def measure(targets: dict[str, TargetModel], context: int, repeats: int) -> dict
     return {kind: {n: statistics.median(v) for n, v in per.items()} for kind, per in times.items()}
 
 
+def load(args, kv_cache: str, compile: bool = False) -> TargetModel:
+    """The default target or a path as `evalsuite run` loads it; or a random Qwen3-shaped one (draft_cost.py's)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from draft_cost import RANDOM_TARGETS, TINY_SHAPE, random_target
+
+    if args.target in RANDOM_TARGETS:
+        dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+        shape = TINY_SHAPE if args.tiny else RANDOM_TARGETS[args.target]
+        return random_target(shape, args.target, args.device, dtype, kv_cache, compile)
+    return TargetModel.load(args.target, args.device, kv_cache=kv_cache, compile=compile)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="default")
@@ -106,12 +124,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--cache", default="dynamic,static")
     parser.add_argument("--compile", action="store_true", help="also time the static cache with --compile")
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes of a random target (code-path check)")
     args = parser.parse_args()
 
     kinds = args.cache.split(",")
-    targets = {kind: TargetModel.load(args.target, args.device, kv_cache=kind) for kind in kinds}
+    variants = {kind: dict(kv_cache=kind) for kind in kinds}
     if args.compile:
-        targets["static+compile"] = TargetModel.load(args.target, args.device, kv_cache="static", compile=True)
+        variants["static+compile"] = dict(kv_cache="static", compile=True)
+    targets = {name: load(args, **options) for name, options in variants.items()}
     contexts = [int(c) for c in args.contexts.split(",")]
     target = targets[kinds[0]]
     bandwidth = copy_bandwidth(target.device)

@@ -74,7 +74,8 @@ class Row:
 
 
 # ---- set-up -----------------------------------------------------------------------------------------------------
-def random_target(shape: dict, name: str, device: str, dtype: torch.dtype) -> TargetModel:
+def random_target(shape: dict, name: str, device: str, dtype: torch.dtype, kv_cache: str = "static",
+                  compile: bool = False) -> TargetModel:
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     config = Qwen3Config(**shape, max_position_embeddings=131072, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
@@ -84,7 +85,8 @@ def random_target(shape: dict, name: str, device: str, dtype: torch.dtype) -> Ta
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.generation_config.eos_token_id = 2
     # Byte-level ids of real text are valid in any vocabulary of more than 260 entries.
-    return TargetModel(model, byte_tokenizer(), name, f"random:{name}", torch.device(device), dtype)
+    return TargetModel(model, byte_tokenizer(), name, f"random:{name}", torch.device(device), dtype,
+                       kv_cache=kv_cache, compile=compile)
 
 
 def load_target(args) -> TargetModel:
