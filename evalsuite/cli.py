@@ -138,12 +138,19 @@ def run(
     warmup: bool = typer.Option(True, help="Untimed warm-up decode before recording."),
     method_option: list[str] = typer.Option([], "--method-option", help="METHOD.KEY=VALUE, repeatable: a method "
                                             "setting, e.g. suffix.max_spec_factor=2 (recorded in run.json)."),
+    workers: int = typer.Option(1, help="Ray worker actors, one trajectory (all methods) at a time each; 1 = "
+                                "this process, no Ray. See README 'Running on many GPUs'."),
+    ray_address: Optional[str] = typer.Option(None, help="Join this Ray cluster (else RAY_ADDRESS, else a local "
+                                              "one is started); implies the Ray path even with --workers 1."),
+    gpus_per_worker: Optional[float] = typer.Option(None, help="GPUs per worker (fractions share one GPU); "
+                                                    "default 1 with --device cuda, 0 on cpu."),
+    threads_per_worker: Optional[int] = typer.Option(None, help="torch threads per Ray worker (default: the "
+                                                     "node's cores / --workers)."),
 ):
     """Replay a task through the target with the given methods; write per-step records and a summary."""
     from transformers.utils import logging as hf_logging
 
     from evalsuite.config import RunConfig
-    from evalsuite.report_summary import summary_rows
     from evalsuite.runner import Progress as RunProgress, Runner
 
     hf_logging.disable_progress_bar()  # our own status line and bar; errors stay one line
@@ -168,6 +175,11 @@ def run(
     run_id = out_dir.name if out_dir else f"{task}-{'_'.join(methods)}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = out_dir or Path("results") / run_id
     config.out = str(run_dir)
+    if workers > 1 or ray_address:
+        from evalsuite.scaleout import ScaleOptions
+
+        _run_on_ray(config, run_dir, ScaleOptions(workers, ray_address, gpus_per_worker, threads_per_worker))
+        return _print_summary(run_dir, run_id)
     runner = Runner(config, run_dir)
     with console.status("loading target, drafters and data…"):
         runner.load()
@@ -185,6 +197,12 @@ def run(
                        tau=_fmt(info["tau"]), tps=_fmt(info["tokens_per_s"], 1), speedup=_fmt(info["speedup"]))
 
         runner.run(RunProgress(total=turns_total, update=update))
+    _print_summary(run_dir, run_id)
+
+
+def _print_summary(run_dir: Path, run_id: str) -> None:
+    from evalsuite.report_summary import summary_rows
+
     rows = summary_rows(run_dir)
     table = Table(title=f"{run_id}: τ token-weighted with bonus; speedup = paired AR/method decode time per token")
     for column in rows[0].keys() if rows else []:
@@ -193,6 +211,49 @@ def run(
         table.add_row(*[_fmt(v) if isinstance(v, float) else str(v) for v in row.values()])
     out.print(table)
     console.print(f"records: {run_dir}/steps.parquet, {run_dir}/turns.parquet, {run_dir}/run.json")
+
+
+def _run_on_ray(config, run_dir: Path, scale) -> None:
+    """The Ray path: one bar over all workers (units done and in flight, running τ per method, ETA)."""
+    from rich.progress import TimeRemainingColumn
+
+    from evalsuite.scaleout import run_on_ray
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=console, transient=False)
+    sums: dict[str, list[float]] = {}
+    state = {"handle": None, "done": 0, "total": 0, "workers": 0}
+
+    def info_text() -> str:
+        flight = min(state["workers"], state["total"] - state["done"])
+        tau = "  ".join(f"{m} {a / n:.2f}" for m, (a, n) in sums.items() if n)
+        return f"in flight {flight} · τ {tau or '-'}"
+
+    def on_start(run) -> None:
+        hosts = sorted({w["host"] for w in run.workers})
+        devices = ", ".join(f"{w['device']}×{w['threads']}t" for w in run.workers)
+        console.print(f"{len(run.workers)} Ray workers on {', '.join(hosts)} ({devices}) · task {config.task} "
+                      f"({run.total_samples} samples, {len(run.pending)} to run) · methods "
+                      f"{', '.join(config.methods)} · k={config.k} T={config.temperature} · {run_dir}",
+                      highlight=False)
+        state.update(total=len(run.pending), workers=len(run.workers))
+        bar.start()
+        state["handle"] = bar.add_task("trajectories", total=len(run.pending), info=info_text())
+
+    def on_unit(result: dict) -> None:
+        for method, (acc, steps) in result["tau_sums"].items():
+            total = sums.setdefault(method, [0.0, 0])
+            total[0] += acc
+            total[1] += steps
+        state["done"] += 1
+        bar.update(state["handle"], advance=1, info=info_text())
+
+    console.print(f"starting {scale.workers} Ray workers (each loads the target and drafters once)…")
+    try:
+        run_on_ray(config, run_dir, scale, say=lambda text: console.print(f"[yellow]{text}[/]", highlight=False),
+                   on_start=on_start, on_unit=on_unit)
+    finally:
+        bar.stop()
 
 
 @app.command()

@@ -70,6 +70,8 @@ class TurnRecord:
     dropped_tokens: int  # tokens cut from the left under --context-policy truncate-left
     dropped_messages: int = 0  # whole oldest messages dropped under --context-policy truncate-left (0 for raw ids)
     output_ids: list[int] = field(default_factory=list)
+    worker_host: str = ""  # the host that decoded this turn (every method of a turn runs on one worker)
+    worker_device: str = ""  # its device: cpu, or cuda:N with N the physical GPU
 
 
 def _schema(cls) -> pa.Schema:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -100,9 +101,13 @@ class Runner:
         self.policy: ContextPolicy | None = None
         self.drafters: dict[str, Drafter] = {}
         self.run_id = out_dir.name
+        self.worker_host = socket.gethostname()  # recorded on every turn row; a Ray worker sets its own
+        self.worker_device = ""  # the target's device unless set (a Ray worker names its physical GPU)
+        self.scaleout: dict = {"workers": 1, "ray_version": None, "shared_cpu": False}
 
     # ---- set-up ---------------------------------------------------------------------------------------------
-    def load(self) -> None:
+    def load(self, write_config: bool = True) -> None:
+        """Target, drafters and data; then run.json (a Ray worker leaves that to the driver)."""
         self.store.prepare()
         # the data first: a malformed record or a bad --subset is reported before seconds of model loading
         self.trajectories = self.task.load(LoadOptions(self.config.limit, self.config.seed, self.config.data_path,
@@ -112,6 +117,7 @@ class Runner:
         check_replay_mode(self.config.replay, self.trajectories, self.config.task)
         self.target = TargetModel.load(self.config.target, self.config.device, self.config.dtype,
                                        self.config.weight_layout, self.config.kv_cache, self.config.compile)
+        self.worker_device = self.worker_device or str(self.target.device)
         self._clock = DeviceClock(self.target.device)
         self.policy = make_policy(self.config.context_policy,
                                   Window(self.target.max_context, self.config.max_new_tokens, self.config.k))
@@ -125,7 +131,8 @@ class Runner:
         for trajectory in self.trajectories:
             self._check_prompt_ids(trajectory)
         self._check_chat_template()
-        self._write_config()
+        if write_config:
+            self._write_config()
 
     def describe(self) -> dict:
         target = self.target
@@ -154,20 +161,12 @@ class Runner:
                 "context_len": "target KV length when the step starts",
             },
             "environment": environment(target.device),
+            "scaleout": {**self.scaleout, "worker_info": self.scaleout.get("worker_info") or [
+                {"host": self.worker_host, "device": self.worker_device, "threads": torch.get_num_threads()}]},
         }
 
     def _write_config(self) -> None:
-        current = self.describe()
-        previous = self.store.read_config()
-        if previous is not None and self.store.finished_pairs():
-            if not self.config.resume:
-                raise UserError(f"--out {self.store.root} already holds results; pass --resume or choose a new --out")
-            for key in DRIFT_FIELDS:
-                if previous.get(key) != current.get(key):
-                    raise UserError(f"--resume: {key} differs from the stored run ({previous.get(key)!r} → "
-                                    f"{current.get(key)!r}); use a new --out")
-            current["resumed_from"] = previous.get("environment", {}).get("started_at")
-        self.store.write_config(current)
+        write_run_config(self.store, self.config, self.describe())
 
     # ---- the run ---------------------------------------------------------------------------------------------
     def pending(self) -> list[Trajectory]:
@@ -190,13 +189,20 @@ class Runner:
     def run(self, progress: Progress | None = None) -> None:
         progress = progress or Progress(total=0)
         self.warm_up()
-        layer_union = tuple(sorted({j for d in self.drafters.values() for j in d.feature_layers}))
         for trajectory in self.pending():
-            steps, turns = self.run_trajectory(trajectory, layer_union, progress)
-            for name in self.drafters:
-                if name == BASELINE and not self.record_baseline:
-                    continue
-                self.store.write_trajectory(name, trajectory.sample_id, steps[name], turns[name])
+            self.run_unit(trajectory, progress)
+
+    def run_unit(self, trajectory: Trajectory, progress: Progress | None = None) -> dict[str, list[TurnRecord]]:
+        """One unit of work: a trajectory with all its methods (AR paired), decoded and written to the store."""
+        layer_union = tuple(sorted({j for d in self.drafters.values() for j in d.feature_layers}))
+        steps, turns = self.run_trajectory(trajectory, layer_union, progress or Progress(total=0))
+        written = {}
+        for name in self.drafters:
+            if name == BASELINE and not self.record_baseline:
+                continue
+            self.store.write_trajectory(name, trajectory.sample_id, steps[name], turns[name])
+            written[name] = turns[name]
+        return written
 
     def run_trajectory(self, trajectory: Trajectory, layer_union: tuple[int, ...], progress: Progress):
         """Every turn up to --max-turns gets one record per method: decoded, or skipped with its reason."""
@@ -279,6 +285,7 @@ class Runner:
             prefill_tokens=0, new_tokens=0, num_steps=0, prefill_s=0.0, draft_prefill_s=0.0, decode_s=0.0,
             tau=float("nan"), ar_decode_s=0.0, ar_new_tokens=0, speedup=float("nan"), stop_reason="", skip_reason="",
             dropped_tokens=context.dropped_tokens, dropped_messages=context.dropped_messages,
+            worker_host=self.worker_host, worker_device=self.worker_device,
         )
 
     @staticmethod
@@ -302,6 +309,20 @@ class Runner:
                        draft_state_bytes=s.draft_state_bytes, draft_history_bytes=s.draft_history_bytes)
             for i, s in enumerate(result.steps)
         ]
+
+
+def write_run_config(store: RunStore, config: RunConfig, current: dict) -> None:
+    """Write run.json; over finished results only with --resume and an unchanged drift-relevant configuration."""
+    previous = store.read_config()
+    if previous is not None and store.finished_pairs():
+        if not config.resume:
+            raise UserError(f"--out {store.root} already holds results; pass --resume or choose a new --out")
+        for key in DRIFT_FIELDS:
+            if previous.get(key) != current.get(key):
+                raise UserError(f"--resume: {key} differs from the stored run ({previous.get(key)!r} → "
+                                f"{current.get(key)!r}); use a new --out")
+        current["resumed_from"] = previous.get("environment", {}).get("started_at")
+    store.write_config(current)
 
 
 def _speedup(baseline: TurnRecord, record: TurnRecord) -> float:

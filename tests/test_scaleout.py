@@ -1,0 +1,177 @@
+"""Scale-out on Ray: same records as one process, a killed worker's unit retried, resume after a driver crash,
+and the single-process path that never imports Ray. One local Ray cluster (2 CPUs) serves the whole module."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from evalsuite.cli import app
+from evalsuite.records import load_steps, load_turns
+
+needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")
+cli = CliRunner()
+KEY = ["method", "sample_id", "turn"]
+SAMPLES = 4
+
+
+def run_args(target: Path, out: Path, *extra: str) -> list[str]:
+    return ["run", "--method", "ngram,ar", "--task", "mt-bench", "--target", str(target), "--limit", str(SAMPLES),
+            "--max-new-tokens", "24", "--k", "4", "--out", str(out), "--no-warmup", *extra]
+
+
+def parts(run_dir: Path) -> dict[str, int]:
+    """turns part name → mtime (ns)."""
+    return {p.name: p.stat().st_mtime_ns for p in (run_dir / "turns.parquet").glob("*.parquet")}
+
+
+def assert_same_records(got_dir: Path, want_dir: Path) -> None:
+    got, want = load_turns(got_dir), load_turns(want_dir)
+    assert not got.duplicated(KEY).any()
+    assert len(got) == len(want) == SAMPLES * 2 * 2  # samples x turns x methods
+    merged = got.merge(want, on=KEY, suffixes=("", "_ref"))
+    assert len(merged) == len(want)
+    assert all(list(a) == list(b) for a, b in zip(merged.output_ids, merged.output_ids_ref))
+    assert list(merged.tau) == pytest.approx(list(merged.tau_ref), nan_ok=True)
+    steps = load_steps(got_dir)
+    assert not steps.duplicated(KEY + ["step"]).any()
+    assert len(steps) == len(load_steps(want_dir))
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    """Saved as safetensors so that Ray workers can load it by path."""
+    from evalsuite.testing import build_tiny_target
+
+    return build_tiny_target(tmp_path_factory.mktemp("ray-target") / "qwen3", "qwen3")
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_target, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ray-runs") / "single"
+    result = cli.invoke(app, run_args(tiny_target, out), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import logging
+
+    import ray
+
+    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+@needs_ray
+def test_two_workers_give_the_single_process_records(cluster, tiny_target, reference, tmp_path):
+    out = tmp_path / "two"
+    result = cli.invoke(app, run_args(tiny_target, out, "--workers", "2", "--threads-per-worker", "1"),
+                        catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "not comparable to single-worker runs" in result.output  # 2 CPU workers share this node
+    assert_same_records(out, reference)
+    turns = load_turns(out)
+    assert (turns.worker_device == "cpu").all() and (turns.worker_host != "").all()
+    scaleout = json.loads((out / "run.json").read_text())["scaleout"]
+    import ray
+
+    assert scaleout["workers"] == 2 and scaleout["ray_version"] == ray.__version__
+    assert scaleout["shared_cpu"] is True and scaleout["threads_per_worker"] == 1
+    assert [w["threads"] for w in scaleout["worker_info"]] == [1, 1]
+    assert {w["host"] for w in scaleout["worker_info"]} == set(turns.worker_host)
+
+
+@needs_ray
+def test_a_killed_worker_has_its_unit_retried(cluster, tiny_target, reference, tmp_path):
+    from evalsuite.config import RunConfig
+    from evalsuite.scaleout import ScaleOptions, run_on_ray
+
+    out = tmp_path / "killed"
+    config = RunConfig(methods=["ngram", "ar"], task="mt-bench", target=str(tiny_target), k=4, max_new_tokens=24,
+                       limit=SAMPLES, warmup=False, out=str(out))
+    started, results, killed = {}, [], []
+
+    def on_unit(result: dict) -> None:
+        results.append(result)
+        if not killed:
+            # The pool has just handed this worker its next unit: kill its process in the middle of it.
+            killed.append(result["pid"])
+            os.kill(result["pid"], signal.SIGKILL)
+
+    run_on_ray(config, out, ScaleOptions(workers=2, threads_per_worker=1), say=lambda text: None,
+               on_start=lambda run: started.update(pids={w["pid"] for w in run.workers}), on_unit=on_unit)
+    assert len(results) == SAMPLES and len({r["sample_id"] for r in results}) == SAMPLES
+    assert killed[0] in started["pids"]
+    # the interrupted unit finished on the restarted actor, in a new process
+    assert any(r["pid"] not in started["pids"] for r in results)
+    assert_same_records(out, reference)
+
+
+@needs_ray
+def test_resume_after_a_driver_crash_fills_only_the_missing_trajectories(cluster, tiny_target, reference, tmp_path):
+    out = tmp_path / "crashed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    command = [sys.executable, "-m", "evalsuite.cli", *run_args(tiny_target, out, "--workers", "2",
+                                                               "--threads-per-worker", "1", "--ray-address", cluster)]
+    driver = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    deadline = time.time() + 240
+    while time.time() < deadline and len(parts(out)) < 2 and driver.poll() is None:  # 2 parts = 1 trajectory
+        time.sleep(0.05)
+    driver.send_signal(signal.SIGKILL)
+    _, stderr = driver.communicate()
+    before = parts(out)
+    assert 2 <= len(before) < SAMPLES * 2, f"the crash must land mid-run: {stderr.decode()[-2000:]}"
+
+    from evalsuite.records import pair_key
+
+    samples = json.loads((out / "run.json").read_text())["sample_ids"]
+    pair_parts = {s: [f"{pair_key(m, s)}.parquet" for m in ("ngram", "ar")] for s in samples}
+    finished = [s for s, names in pair_parts.items() if all(n in before for n in names)]
+    # a run started on 2 workers resumes with any number: here in this process, without Ray
+    result = cli.invoke(app, run_args(tiny_target, out, "--resume"), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert f"{SAMPLES - len(finished)} to run" in " ".join(result.output.split())
+    after = parts(out)
+    assert all(after[n] == before[n] for s in finished for n in pair_parts[s]), "finished ones must not rerun"
+    assert_same_records(out, reference)
+    assert json.loads((out / "run.json").read_text())["resumed_from"]
+
+
+def test_one_worker_runs_in_process_without_importing_ray(tiny_llama_dir, tmp_path):
+    out = tmp_path / "single"
+    code = ("import sys; from typer.testing import CliRunner; from evalsuite.cli import app; "
+            f"r = CliRunner().invoke(app, {run_args(tiny_llama_dir, out, '--limit', '1')!r}); "
+            "assert r.exit_code == 0, r.output; print('ray imported:', 'ray' in sys.modules)")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "ray imported: False" in done.stdout
+    turns = load_turns(out)
+    assert (turns.worker_device == "cpu").all() and (turns.worker_host != "").all()
+    scaleout = json.loads((out / "run.json").read_text())["scaleout"]
+    assert scaleout["workers"] == 1 and scaleout["ray_version"] is None
+
+
+def test_many_workers_without_ray_is_a_one_line_error(monkeypatch, tiny_llama_dir, tmp_path):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if it were not installed
+    result = cli.invoke(app, run_args(tiny_llama_dir, tmp_path / "x", "--workers", "2"))
+    assert result.exit_code == 2
+    error = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "pip install 'evalsuite[ray]'" in error[0]
+
+
+def test_gpus_per_worker_needs_a_cuda_device(tiny_llama_dir, tmp_path):
+    result = cli.invoke(app, run_args(tiny_llama_dir, tmp_path / "x", "--workers", "2", "--gpus-per-worker", "1"))
+    assert result.exit_code == 2 and "--device cuda" in result.output
