@@ -208,7 +208,7 @@ def dirty_warnings(results: Results) -> list[str]:
     for run in results.runs:
         commit = str((run.config.get("environment") or {}).get("git_commit") or "")
         if "dirty" in commit:
-            dirty.setdefault(commit, []).append(run.key)
+            dirty.setdefault(_short_commit(commit), []).append(run.key)
     return [f"run{'s' if len(keys) > 1 else ''} {', '.join(keys)} made from commit {commit}: the working tree had "
             "uncommitted changes, so the code that ran is not exactly that commit" for commit, keys in dirty.items()]
 

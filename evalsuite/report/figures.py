@@ -180,14 +180,12 @@ def _context_axis(ax, values) -> None:
     ax.tick_params(axis="x", labelsize=7.5)
 
 
-def _limits(values: list[np.ndarray], floor: float | None = None) -> tuple[float, float] | None:
+def _limits(values: list[np.ndarray]) -> tuple[float, float] | None:
     data = np.concatenate([np.asarray(v, float).ravel() for v in values if len(v)]) if values else np.array([])
     data = data[np.isfinite(data)]
     if not len(data):
         return None
     low, high = float(data.min()), float(data.max())
-    if floor is not None:
-        low = min(low, floor)
     pad = 0.08 * (high - low or 1.0)
     return low - pad, high + pad
 
@@ -226,7 +224,8 @@ def _context_figure(curves, turns, groups, tasks, palette, measure: str, ylabel:
                 ax.axhline(1.0, color="#555555", linestyle="--", linewidth=0.9)
             # the axis follows the pooled values; trajectory lines beyond the 2nd-98th percentile are clipped
             clipped = np.nanpercentile(thin_values, [2, 98]) if np.isfinite(thin_values).any() else []
-            limits = _limits(pooled_values + [np.asarray(clipped)], floor=1.0 if measure == "speedup" else None)
+            limits = _limits(pooled_values + [np.asarray(clipped)] + ([np.array([1.0])] if measure == "speedup"
+                                                                           else []))
             if limits is not None:
                 ax.set_ylim(*limits)
             _context_axis(ax, np.concatenate([cells.context_median.to_numpy(), thin.context_len.to_numpy(float)]))

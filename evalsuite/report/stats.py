@@ -432,7 +432,8 @@ COST_CURVE_COLUMNS = ["task", "method", "context_lo", "context_hi", "n_steps", "
 def cost_curves(steps: pd.DataFrame, turns: pd.DataFrame, max_bins: int = 6) -> pd.DataFrame:
     """Per (task, method, context bin of the task): mean ms per verify step of the target (`verify_ms`) and of the
     drafter (`draft_ms`), mean draft-state bytes, and the target's one-token decode ms (`ar_decode_ms`: the `ar`
-    method's steps in the same bin). Steps fall in the bin of their own context length."""
+    method's steps in the same bin). Steps fall in the bin of their own context length; `context_median` (where
+    figures draw the bin) is the median context of all the task's steps in the bin, the same for every method."""
     rows = []
     for task in list(dict.fromkeys(turns.task)):
         task_turns = decoded(turns[turns.task == task])
@@ -443,6 +444,7 @@ def cost_curves(steps: pd.DataFrame, turns: pd.DataFrame, max_bins: int = 6) -> 
         bins = context_bin(task_steps.context_len, edges)
         frame = task_steps.assign(bin=bins)
         ar = frame[frame.method == BASELINE].groupby("bin").verify_s.mean()
+        where = frame.groupby("bin").context_len.median()  # one x per bin, shared by every method
         for method in list(dict.fromkeys(frame.method)):
             for b, cell in frame[frame.method == method].groupby("bin"):
                 rows.append({"task": task, "method": method, "context_lo": int(edges[b]),
@@ -451,5 +453,5 @@ def cost_curves(steps: pd.DataFrame, turns: pd.DataFrame, max_bins: int = 6) -> 
                              "verify_ms": 1e3 * float(cell.verify_s.mean()),
                              "draft_ms": 1e3 * float(cell.draft_s.mean()),
                              "draft_state_bytes": float(cell.draft_state_bytes.mean()),
-                             "context_median": float(cell.context_len.median())})
+                             "context_median": float(where[b])})
     return pd.DataFrame(rows, columns=COST_CURVE_COLUMNS + ["context_median"])

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Regenerate the committed example report (reports/smollm2-shipped/) from a clean commit: the shipped default
+# drafters and the two model-free/AR references on SWE-Bench agent trajectories, GSM8K and MT-Bench, then
+# `evalsuite report`. Run it on an otherwise idle machine (timings are measured): one run at a time.
+#
+#   bash benchmarks/example_report.sh                    # full size, into reports/smollm2-shipped/
+#   OUT=/tmp/preview SWE_LIMIT=1 SWE_TURNS=2 GSM8K_LIMIT=1 MTBENCH_LIMIT=1 NEW_TOKENS=8 ALLOW_DIRTY=1 \
+#     bash benchmarks/example_report.sh                  # a quick smoke test of the same commands
+#
+# Full size (issue 14): >= 5 SWE-Bench trajectories x >= 8 turns, >= 10 GSM8K, >= 5 MT-Bench questions, six
+# methods, 64 new tokens per turn. The runs are made in a staging folder outside the tracked tree (so the runs
+# themselves do not make the tree +dirty), the report is built there with the runs under its runs/, and the whole
+# folder then replaces $OUT. Rerunning resumes unfinished runs in the staging folder (--resume).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${OUT:-reports/smollm2-shipped}
+STAGE=${STAGE:-results/example-report}          # results/ is git-ignored
+METHODS=${METHODS:-ar,ngram,dlite,eagle3,dflash,dspark}
+SWE_LIMIT=${SWE_LIMIT:-5}
+SWE_TURNS=${SWE_TURNS:-8}
+GSM8K_LIMIT=${GSM8K_LIMIT:-10}
+MTBENCH_LIMIT=${MTBENCH_LIMIT:-5}
+NEW_TOKENS=${NEW_TOKENS:-64}
+RESAMPLES=${RESAMPLES:-2000}
+EVALSUITE=${EVALSUITE:-evalsuite}
+
+if [ -z "${ALLOW_DIRTY:-}" ] && [ -n "$(git status --porcelain --untracked-files=no)" ]; then
+  echo "example_report.sh: the working tree has uncommitted changes, so the runs would record a +dirty commit;" \
+       "commit first (or set ALLOW_DIRTY=1 for a preview that is not to be committed)" >&2
+  exit 2
+fi
+
+RUN=($EVALSUITE run --method "$METHODS" --max-new-tokens "$NEW_TOKENS" --seed 0 --resume)
+mkdir -p "$STAGE/runs"
+"${RUN[@]}" --task swebench --limit "$SWE_LIMIT" --max-turns "$SWE_TURNS" --out "$STAGE/runs/swebench"
+"${RUN[@]}" --task gsm8k --limit "$GSM8K_LIMIT" --out "$STAGE/runs/gsm8k"
+"${RUN[@]}" --task mt-bench --limit "$MTBENCH_LIMIT" --out "$STAGE/runs/mt-bench"
+rm -rf "$STAGE/tables" "$STAGE/figures" "$STAGE/index.html" "$STAGE/report.md"   # a previous report's files
+$EVALSUITE report "$STAGE/runs/swebench" "$STAGE/runs/gsm8k" "$STAGE/runs/mt-bench" --out "$STAGE" \
+  --resamples "$RESAMPLES"
+
+# Replace $OUT with the staged report (its README is kept: it describes the report and is written by hand).
+keep=""
+if [ -f "$OUT/README.md" ]; then keep=$(mktemp); cp "$OUT/README.md" "$keep"; fi
+rm -rf "$OUT"
+mkdir -p "$(dirname "$OUT")"
+cp -r "$STAGE" "$OUT"
+if [ -n "$keep" ]; then cp "$keep" "$OUT/README.md"; rm -f "$keep"; fi
+echo "example report in $OUT (open $OUT/index.html); the staged copy stays in $STAGE"
