@@ -152,14 +152,25 @@ def _rewrite_parts(directory, change):
         pq.write_table(table, part)
 
 
+def _newer_and_renamed(table: pa.Table) -> pa.Table:
+    """A later version's turns table: one column more, and the per-turn speedup under another name."""
+    table = table.append_column("added_later", pa.array(["h"] * len(table)))
+    return table.rename_columns(["speedup_turn" if n == "speedup" else n for n in table.column_names])
+
+
+def _older(table: pa.Table) -> pa.Table:
+    """An earlier version's table: without the columns added since (the report fills them)."""
+    return table.drop([c for c in ("draft_history_bytes", "worker_host", "dropped_messages")
+                       if c in table.column_names])
+
+
 def test_the_loader_tolerates_new_columns_and_older_runs_without_some(two_tasks):
     short = two_tasks[0]
-    _rewrite_parts(short / "turns.parquet", lambda t: t.append_column("worker_host", pa.array(["h"] * len(t)))
-                   .rename_columns([("speedup_turn" if n == "speedup" else n) for n in t.column_names + ["x"]][:-1]
-                                   + ["worker_host"]))
-    _rewrite_parts(short / "steps.parquet", lambda t: t.drop(["draft_history_bytes"]))
+    _rewrite_parts(short / "turns.parquet", _newer_and_renamed)
+    _rewrite_parts(short / "steps.parquet", _older)
+    _rewrite_parts(two_tasks[1] / "turns.parquet", _older)
     results = load_results(two_tasks)
-    assert "worker_host" in results.turns.columns and "speedup_turn" in results.turns.columns
+    assert "added_later" in results.turns.columns and "speedup_turn" in results.turns.columns
     summary = stats.summarize(results.steps, results.turns, n_resamples=200).set_index(["method", "task"])
     assert summary.loc[("alpha", "gsm8k"), "speedup"] == pytest.approx(2.0)  # pooled, not the per-turn column
     _rewrite_parts(short / "steps.parquet", lambda t: t.drop(["num_accepted"]))
