@@ -192,17 +192,14 @@ class Runner:
         for trajectory in self.pending():
             self.run_unit(trajectory, progress)
 
-    def run_unit(self, trajectory: Trajectory, progress: Progress | None = None) -> dict[str, list[TurnRecord]]:
+    def run_unit(self, trajectory: Trajectory, progress: Progress | None = None) -> None:
         """One unit of work: a trajectory with all its methods (AR paired), decoded and written to the store."""
         layer_union = tuple(sorted({j for d in self.drafters.values() for j in d.feature_layers}))
         steps, turns = self.run_trajectory(trajectory, layer_union, progress or Progress(total=0))
-        written = {}
         for name in self.drafters:
             if name == BASELINE and not self.record_baseline:
                 continue
             self.store.write_trajectory(name, trajectory.sample_id, steps[name], turns[name])
-            written[name] = turns[name]
-        return written
 
     def run_trajectory(self, trajectory: Trajectory, layer_union: tuple[int, ...], progress: Progress):
         """Every turn up to --max-turns gets one record per method: decoded, or skipped with its reason."""

@@ -107,12 +107,23 @@ class ReplayWorker:
 
     def run_unit(self, sample_id: str) -> dict:
         """Decode one trajectory with every method, write its parts; return what the driver's bar shows."""
-        written = self.runner.run_unit(self.by_id[sample_id])
-        totals = {}
-        for method, turns in written.items():
-            decoded = [t for t in turns if t.num_steps]
-            totals[method] = (sum(t.tau * t.num_steps for t in decoded), sum(t.num_steps for t in decoded))
-        return {"sample_id": sample_id, "pid": os.getpid(), "tau_sums": totals}
+        self.runner.run_unit(self.by_id[sample_id])
+        return {"sample_id": sample_id, "pid": os.getpid(), "tau_sums": self._tau_sums(sample_id)}
+
+    def _tau_sums(self, sample_id: str) -> dict[str, tuple[float, int]]:
+        """Per method, (sum of accepted + 1 over verify steps, steps) from the turns parts now in the store."""
+        import pyarrow.parquet as pq
+
+        from evalsuite.records import pair_key
+
+        sums = {}
+        for method in self.runner.drafters:
+            part = self.runner.store.turns_dir / f"{pair_key(method, sample_id)}.parquet"
+            if part.exists():
+                rows = pq.read_table(part, columns=["tau", "num_steps"]).to_pylist()
+                decoded = [r for r in rows if r["num_steps"]]
+                sums[method] = (sum(r["tau"] * r["num_steps"] for r in decoded), sum(r["num_steps"] for r in decoded))
+        return sums
 
 
 @dataclass

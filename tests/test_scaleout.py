@@ -84,6 +84,10 @@ def test_two_workers_give_the_single_process_records(cluster, tiny_target, refer
     assert_same_records(out, reference)
     turns = load_turns(out)
     assert (turns.worker_device == "cpu").all() and (turns.worker_host != "").all()
+    # the driver's bar aggregates all workers: token-weighted τ per method over every finished trajectory
+    ngram = turns[(turns.method == "ngram") & (turns.num_steps > 0)]
+    tau = (ngram.tau * ngram.num_steps).sum() / ngram.num_steps.sum()
+    assert f"{SAMPLES}/{SAMPLES}" in result.output and f"ngram {tau:.2f}" in " ".join(result.output.split())
     scaleout = json.loads((out / "run.json").read_text())["scaleout"]
     import ray
 
