@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -79,6 +80,20 @@ DRIFT_FIELDS = ("target_sha256", "chat_template_sha256", "enable_thinking", "tem
                 "max_new_tokens", "seed", "task", "replay", "context_policy", "dtype", "weight_layout",
                 "kv_cache", "compile",
                 "drafter_sha256")
+
+
+def portable_paths(value):
+    """`value` (run.json content) with this machine's paths made portable: the repository's own root becomes a
+    relative path and the home directory `~`, so committed runs name files without the machine they ran on."""
+    repo = str(Path(__file__).resolve().parents[1]) + os.sep
+    home = str(Path.home()) + os.sep
+    if isinstance(value, str):
+        return value.replace(repo, "").replace(home, "~" + os.sep)
+    if isinstance(value, dict):
+        return {key: portable_paths(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable_paths(item) for item in value]
+    return value
 
 
 def package_versions() -> dict[str, str]:

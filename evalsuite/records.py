@@ -22,6 +22,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from evalsuite.config import portable_paths
 from evalsuite.errors import UserError
 
 
@@ -121,7 +122,7 @@ class RunStore:
     def write_config(self, config: dict) -> None:
         path = self.root / "run.json"
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(config, indent=2, sort_keys=True, default=str))
+        tmp.write_text(json.dumps(portable_paths(config), indent=2, sort_keys=True, default=str))
         os.replace(tmp, path)
 
     def read_config(self) -> dict | None:
