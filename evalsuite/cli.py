@@ -146,6 +146,8 @@ def run(
                                                     "default 1 with --device cuda, 0 on cpu."),
     threads_per_worker: Optional[int] = typer.Option(None, help="torch threads per Ray worker (default: the "
                                                      "node's cores / --workers)."),
+    engine: str = typer.Option("hf", help="hf (ours: per-step times, every drafter) | vllm (vLLM's speculative "
+                                          "decoding in its own venv: ar, ngram, eagle3; see README)."),
 ):
     """Replay a task through the target with the given methods; write per-step records and a summary."""
     from transformers.utils import logging as hf_logging
@@ -175,6 +177,12 @@ def run(
     run_id = out_dir.name if out_dir else f"{task}-{'_'.join(methods)}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = out_dir or Path("results") / run_id
     config.out = str(run_dir)
+    if engine not in ("hf", "vllm"):
+        raise UserError(f"--engine {engine}: choose hf or vllm")
+    if engine == "vllm" and (workers > 1 or ray_address):
+        raise UserError("--engine vllm runs its engines from this process; --workers/--ray-address are for --engine hf")
+    if engine == "vllm":
+        from evalsuite.engines.vllm_engine import VllmRunner as Runner  # noqa: F811
     if workers > 1 or ray_address:
         from evalsuite.scaleout import ScaleOptions
 
@@ -318,6 +326,50 @@ def report(
 
 def _names(value: str | None) -> list[str] | None:
     return [v.strip() for v in value.split(",") if v.strip()] if value else None
+
+
+@app.command()
+@friendly_errors
+def compare(
+    run_a: Path = typer.Argument(..., help="Reference run (e.g. --engine hf).", show_default=False),
+    run_b: Path = typer.Argument(..., help="Run to check against it (e.g. --engine vllm).", show_default=False),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Write compare_turns.csv and compare.md here."),
+    near_tie: float = typer.Option(0.1, help="Top-2 logit margin below which a divergence is a near-tie."),
+    margins: bool = typer.Option(True, help="At each divergence, compute the reference target's top-2 margin."),
+):
+    """Per turn, two engines side by side: equal output ids (first divergence, near-tie?), τ and speedup."""
+    import json as _json
+
+    from evalsuite.engines.compare import (compare_turns, divergence_margins, engines_side_by_side, engines_table,
+                                           load_pair)
+    from evalsuite.report.tables import to_markdown
+
+    turns_a, turns_b, label_a, label_b = load_pair(run_a, run_b)
+    both = compare_turns(turns_a, turns_b, label_a, label_b)
+    if both.empty:
+        raise UserError(f"{run_a} and {run_b} share no decoded (method, sample, turn)")
+    if margins:
+        target = _json.loads((run_a / "run.json").read_text()).get("target", "default")
+        with console.status("reference target: margins at the divergences…"):
+            both = divergence_margins(both, run_a, label_a, target, near_tie)
+    table = Table(title=f"{label_a} vs {label_b}: per turn (τ with bonus; speedup paired within each engine)")
+    columns = ["method", "sample_id", "turn", "equal_ids", "first_divergence"] + \
+        (["margin", "near_tie"] if "margin" in both else []) + \
+        [f"tau_{label_a}", f"tau_{label_b}", f"speedup_{label_a}", f"speedup_{label_b}",
+         f"equal_to_ar_{label_a}", f"equal_to_ar_{label_b}"]
+    for column in columns:
+        table.add_column(column)
+    for row in both[columns].itertuples(index=False):
+        table.add_row(*[_fmt(v) if isinstance(v, float) else str(v) for v in row])
+    out.print(table)
+    side = engines_side_by_side(turns_a, turns_b, label_a, label_b)
+    out.print(side.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        both.drop(columns=[c for c in both if c.startswith("output_ids")]).to_csv(out_dir / "compare_turns.csv",
+                                                                                  index=False)
+        (out_dir / "compare.md").write_text(to_markdown(engines_table(side, label_a, label_b)))
+        console.print(f"written: {out_dir}/compare_turns.csv, {out_dir}/compare.md")
 
 
 @app.command()

@@ -48,6 +48,7 @@ class RunConfig:
     subset: str | None = None
     warmup: bool = True
     method_options: dict[str, dict] = field(default_factory=dict)
+    engine: str = "hf"  # hf (ours) | vllm (evalsuite/engines/vllm_engine.py)
 
     def validate(self) -> None:
         if not 1 <= self.k <= 64:
@@ -79,7 +80,7 @@ class RunConfig:
 DRIFT_FIELDS = ("target_sha256", "chat_template_sha256", "enable_thinking", "temperature", "top_p", "top_k", "k",
                 "max_new_tokens", "seed", "task", "replay", "context_policy", "dtype", "weight_layout",
                 "kv_cache", "compile",
-                "drafter_sha256")
+                "drafter_sha256", "engine")
 
 
 def portable_paths(value):

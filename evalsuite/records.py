@@ -44,6 +44,7 @@ class StepRecord:
     step_s: float  # whole step: draft + verify + acceptance, KV rollback and bookkeeping
     draft_state_bytes: int  # draft-side memory after the step: history + working
     draft_history_bytes: int  # the part of it that grows with the context
+    engine: str = "hf"  # "hf" (ours) | "vllm"; vLLM rows leave the timing and memory fields null
 
 
 @dataclass
@@ -73,6 +74,7 @@ class TurnRecord:
     output_ids: list[int] = field(default_factory=list)
     worker_host: str = ""  # the host that decoded this turn (every method of a turn runs on one worker)
     worker_device: str = ""  # its device: cpu, or cuda:N with N the physical GPU
+    engine: str = "hf"  # "hf" (ours) | "vllm"
 
 
 def _schema(cls) -> pa.Schema:
@@ -149,4 +151,6 @@ def _load(path: Path, schema: pa.Schema) -> pd.DataFrame:
     parts = sorted(path.glob("*.parquet")) if path.is_dir() else []
     if not parts:
         return schema.empty_table().to_pandas()
-    return pa.concat_tables([pq.read_table(p, schema=schema) for p in parts]).to_pandas()
+    frame = pa.concat_tables([pq.read_table(p, schema=schema) for p in parts]).to_pandas()
+    frame["engine"] = frame["engine"].fillna("hf")  # records written before the column existed are ours
+    return frame

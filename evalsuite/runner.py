@@ -87,6 +87,8 @@ class Progress:
 
 
 class Runner:
+    engine_name = "hf"  # the `engine` column of every record; engines/vllm_engine.py sets "vllm"
+
     def __init__(self, config: RunConfig, out_dir: Path):
         config.validate()
         self.config = config
@@ -115,12 +117,24 @@ class Runner:
         if not self.trajectories:
             raise UserError(f"task {self.config.task}: no samples to run")
         check_replay_mode(self.config.replay, self.trajectories, self.config.task)
-        self.target = TargetModel.load(self.config.target, self.config.device, self.config.dtype,
-                                       self.config.weight_layout, self.config.kv_cache, self.config.compile)
+        self.target = self._load_target()
         self.worker_device = self.worker_device or str(self.target.device)
         self._clock = DeviceClock(self.target.device)
         self.policy = make_policy(self.config.context_policy,
                                   Window(self.target.max_context, self.config.max_new_tokens, self.config.k))
+        for trajectory in self.trajectories:
+            self._check_prompt_ids(trajectory)
+        self._check_chat_template()
+        self._load_drafters()
+        if write_config:
+            self._write_config()
+
+    def _load_target(self) -> TargetModel:
+        return TargetModel.load(self.config.target, self.config.device, self.config.dtype, self.config.weight_layout,
+                                self.config.kv_cache, self.config.compile)
+
+    def _load_drafters(self) -> None:
+        """One drafter per method; other engines (engines/) start theirs instead."""
         for info in self.method_infos:
             options = dict(self.config.method_options.get(info.name, {}))
             if info.name in self.config.drafters:
@@ -128,11 +142,6 @@ class Runner:
             drafter = info.factory(self.target, options)
             self.target.check_layer_ids(drafter.feature_layers, f"method {info.name}")
             self.drafters[info.name] = drafter
-        for trajectory in self.trajectories:
-            self._check_prompt_ids(trajectory)
-        self._check_chat_template()
-        if write_config:
-            self._write_config()
 
     def describe(self) -> dict:
         target = self.target
@@ -140,6 +149,7 @@ class Runner:
         return {
             **self.config.as_dict(),
             "run_id": self.run_id,
+            "engine": self.engine_name,
             "replay": self.replay,
             "dtype": str(target.dtype).removeprefix("torch."),
             "weight_layout": target.weight_layout,
@@ -221,11 +231,7 @@ class Runner:
                     record.stop_reason, record.skip_reason = "skipped", context.skip_reason
                     replays[name].record_reply(turn_index, None)
                     continue
-                t0 = self._clock.now()
-                record.prefill_tokens = prefix.prefill(context.ids)
-                record.prefill_s = self._clock.now() - t0
-                result = self._decode(drafter, prefix, context.ids, cfg.max_new_tokens, generators[name])
-                prefix.rewind()
+                result = self._decode_turn(drafter, prefix, context.ids, record, generators[name])
                 self._fill(record, result)
                 steps[name].extend(self._step_records(name, trajectory, turn_index, result))
                 replays[name].record_reply(turn_index, self.target.decode(result.output_ids))
@@ -269,6 +275,16 @@ class Runner:
             return list(turns[0].prompt_ids[:32])
         return self._render(WARMUP_PROMPT, None)
 
+    def _decode_turn(self, drafter: Drafter, prefix: PrefixCache, ids: list[int], record: TurnRecord,
+                     generator: torch.Generator) -> TurnResult:
+        """Prefill (timed apart) and decode one turn; other engines (engines/) replace this."""
+        t0 = self._clock.now()
+        record.prefill_tokens = prefix.prefill(ids)
+        record.prefill_s = self._clock.now() - t0
+        result = self._decode(drafter, prefix, ids, self.config.max_new_tokens, generator)
+        prefix.rewind()
+        return result
+
     def _decode(self, drafter: Drafter, prefix: PrefixCache, ids: list[int], max_new_tokens: int,
                 generator: torch.Generator) -> TurnResult:
         context = torch.tensor(ids, dtype=torch.long, device=self.target.device)
@@ -283,6 +299,7 @@ class Runner:
             tau=float("nan"), ar_decode_s=0.0, ar_new_tokens=0, speedup=float("nan"), stop_reason="", skip_reason="",
             dropped_tokens=context.dropped_tokens, dropped_messages=context.dropped_messages,
             worker_host=self.worker_host, worker_device=self.worker_device,
+            engine=self.engine_name,
         )
 
     @staticmethod
@@ -303,7 +320,8 @@ class Runner:
                        num_accepted=s.num_accepted,
                        accept_flags=[j < s.num_accepted for j in range(s.num_drafted)], emitted=s.emitted,
                        draft_s=s.draft_s, verify_s=s.verify_s, step_s=s.step_s,
-                       draft_state_bytes=s.draft_state_bytes, draft_history_bytes=s.draft_history_bytes)
+                       draft_state_bytes=s.draft_state_bytes, draft_history_bytes=s.draft_history_bytes,
+                       engine=self.engine_name)
             for i, s in enumerate(result.steps)
         ]
 

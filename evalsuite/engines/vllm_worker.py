@@ -1,0 +1,105 @@
+"""The vLLM side of `evalsuite run --engine vllm`: one offline `vllm.LLM` engine, driven over JSON lines.
+
+Run by evalsuite with the vLLM venv's python (`python vllm_worker.py CONFIG_JSON`); it imports nothing of
+evalsuite but the torch-free `vllm_steps`. Protocol: after start-up it writes one `{"ready": ...}` line,
+then answers each request line `{"prompt_ids": [...], "max_tokens": n, "seed": s}` with one result line,
+until stdin closes. Protocol lines go to the original stdout; everything vLLM prints goes to stderr.
+
+CPU workarounds (see scripts/setup_vllm.sh for the first): the KV cache is sized by VLLM_CPU_KVCACHE_SPACE
+rather than gpu_memory_utilization, the entry point is guarded (the engine core is spawned), and the
+`vllm` console script is never used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def speculative_config(cfg: dict) -> dict | None:
+    method, k = cfg["method"], int(cfg["k"])
+    if method == "ar":
+        return None
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": int(cfg["max_ngram"]),
+                "prompt_lookup_min": int(cfg["min_ngram"])}
+    if method == "suffix":
+        return {"method": "suffix", "num_speculative_tokens": k}
+    return {"method": method, "model": cfg["drafter"], "num_speculative_tokens": k}
+
+
+def main() -> None:
+    cfg = json.loads(sys.argv[1])
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # vLLM logs to stdout: send all of it to stderr (the log file)
+    if cfg.get("device", "cpu") == "cpu":
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.get("kv_cache_gib", 1)))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import numpy as np
+    import vllm
+    from vllm import LLM, SamplingParams
+
+    from vllm_steps import rebuild_steps
+
+    spec = speculative_config(cfg)
+    engine_args = dict(
+        model=cfg["model"], tokenizer=cfg["model"], dtype=cfg.get("dtype", "float32"), seed=int(cfg["seed"]),
+        max_model_len=int(cfg["max_model_len"]), enforce_eager=bool(cfg["enforce_eager"]),
+        enable_prefix_caching=True, disable_log_stats=False, speculative_config=spec,
+        max_num_seqs=int(cfg.get("max_num_seqs", 4)),
+    )
+    if spec is not None:  # vLLM refuses the option without speculation
+        engine_args["per_request_spec_decode_metrics"] = "detailed"
+    if cfg.get("device", "cpu") != "cpu":
+        engine_args["gpu_memory_utilization"] = float(cfg.get("gpu_memory_utilization", 0.5))
+    started = time.perf_counter()
+    llm = LLM(**engine_args)
+    ready = {"ready": True, "vllm_version": vllm.__version__, "startup_s": time.perf_counter() - started,
+             "engine_args": {k: v for k, v in engine_args.items() if k not in ("model", "tokenizer")}}
+    proto.write(json.dumps(ready) + "\n")
+
+    would_draft_ngram = None
+    if cfg["method"] == "ngram":
+        from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as lookup
+
+        def would_draft_ngram(ids: list[int]) -> bool:  # vLLM's own n-gram proposer, as its scheduler calls it
+            found = lookup(np.asarray(ids, dtype=np.int32), int(cfg["min_ngram"]), int(cfg["max_ngram"]),
+                           int(cfg["max_model_len"]), int(cfg["k"]))
+            return len(found) > 0
+
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        params = SamplingParams(
+            temperature=float(cfg["temperature"]), top_p=float(cfg["top_p"]),
+            top_k=int(cfg["top_k"]) if int(cfg["top_k"]) > 0 else 0, max_tokens=int(req["max_tokens"]),
+            seed=int(req["seed"]), stop_token_ids=list(cfg["stop_ids"]), detokenize=False,
+        )
+        t0 = time.perf_counter()
+        out = llm.generate([{"prompt_token_ids": req["prompt_ids"]}], params, use_tqdm=False)[0]
+        wall = time.perf_counter() - t0
+        completion = out.outputs[0]
+        ids = list(completion.token_ids)
+        m = out.metrics
+        timing = None
+        if m is not None and getattr(m, "first_token_ts", 0) and getattr(m, "last_token_ts", 0):
+            timing = {"scheduled_ts": m.scheduled_ts, "first_token_ts": m.first_token_ts,
+                      "last_token_ts": m.last_token_ts, "queued_ts": m.queued_ts}
+        sd = completion.spec_decode_metrics.to_dict() if getattr(completion, "spec_decode_metrics", None) else {}
+        accepted, drafted = list(sd.get("per_step_accepted", [])), list(sd.get("per_step_drafted", []))
+        prompt = req["prompt_ids"]
+        oracle = (lambda pos: would_draft_ngram(prompt + ids[:pos])) if would_draft_ngram else None
+        steps, exact = rebuild_steps(len(prompt), len(ids), accepted, drafted, oracle) if spec else \
+            rebuild_steps(len(prompt), len(ids), [], [])
+        result = {"output_ids": ids, "finish_reason": completion.finish_reason, "wall_s": wall,
+                  "num_cached_tokens": out.num_cached_tokens, "timing": timing, "spec_decode": sd,
+                  "steps": steps, "steps_exact": exact}
+        proto.write(json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":  # required: vLLM spawns its engine core, which re-imports this module
+    main()
