@@ -136,6 +136,7 @@ def run(
     confidence_threshold: Optional[float] = typer.Option(None, help="DSpark (in [0, 1]): truncate the block "
                                                       "at the first slot whose confidence is below it."),
     warmup: bool = typer.Option(True, help="Untimed warm-up decode before recording."),
+    repeats: int = typer.Option(1, help="Decode each turn N times from the same seed and keep the median time."),
     method_option: list[str] = typer.Option([], "--method-option", help="METHOD.KEY=VALUE, repeatable: a method "
                                             "setting, e.g. suffix.max_spec_factor=2 (recorded in run.json)."),
     workers: int = typer.Option(1, help="Ray worker actors, one trajectory (all methods) at a time each; 1 = "
@@ -172,7 +173,7 @@ def run(
         methods=methods, task=task, target=target, drafters=_parse_drafters(drafter, methods), device=device,
         dtype=dtype, weight_layout=weight_layout, kv_cache=kv_cache, compile=compile, k=k, temperature=temperature, top_p=top_p, top_k=top_k,
         max_new_tokens=max_new_tokens, limit=limit, seed=seed, resume=resume, replay=replay, context_policy=context_policy, max_turns=max_turns,
-        enable_thinking=enable_thinking, data_path=data_path, subset=subset, warmup=warmup, method_options=options,
+        enable_thinking=enable_thinking, data_path=data_path, subset=subset, warmup=warmup, repeats=repeats, method_options=options,
     )
     run_id = out_dir.name if out_dir else f"{task}-{'_'.join(methods)}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = out_dir or Path("results") / run_id

@@ -47,6 +47,7 @@ class RunConfig:
     data_path: str | None = None
     subset: str | None = None
     warmup: bool = True
+    repeats: int = 1  # each turn is decoded this many times from the same generator state; the median is kept
     method_options: dict[str, dict] = field(default_factory=dict)
     engine: str = "hf"  # hf (ours) | vllm (evalsuite/engines/vllm_engine.py)
 
@@ -69,6 +70,8 @@ class RunConfig:
             raise UserError(f"--context-policy {self.context_policy}: choose from {', '.join(CONTEXT_POLICIES)}")
         if self.max_turns is not None and self.max_turns < 1:
             raise UserError(f"--max-turns {self.max_turns}: must be >= 1")
+        if not 1 <= self.repeats <= 100:
+            raise UserError(f"--repeats {self.repeats}: must be between 1 and 100")
         if not self.methods:
             raise UserError("--method: name at least one method")
 
@@ -80,7 +83,7 @@ class RunConfig:
 DRIFT_FIELDS = ("target_sha256", "chat_template_sha256", "enable_thinking", "temperature", "top_p", "top_k", "k",
                 "max_new_tokens", "seed", "task", "replay", "context_policy", "dtype", "weight_layout",
                 "kv_cache", "compile",
-                "drafter_sha256", "engine")
+                "drafter_sha256", "engine", "repeats")
 
 
 def portable_paths(value):

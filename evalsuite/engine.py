@@ -68,25 +68,27 @@ def decode_turn(
 
     no_drafts = context_ids.new_empty(0)
     target.reserve(cache, context_len + token_limit + k + 1)  # untimed: no verify step pays for cache growth
-    t0 = clock.now()
+    t0 = clock.mark()
     anchor = first_token(prefill_logits, sampling, generator)
     out = [anchor]
     drafter.start_turn(torch.cat([context_ids, context_ids.new_tensor([anchor])]), context_features)
-    result = TurnResult(output_ids=out, draft_prefill_s=clock.now() - t0)
+    started = clock.mark()
+    result = TurnResult(output_ids=out)
+    marks = []  # per step: (start, draft end, verify end, commit start, commit end, end), read after the turn
     if anchor in stop_ids:
         result.stop_reason = "eos"
 
     while result.stop_reason == "max_new_tokens" and len(out) < token_limit:
-        step_start = clock.now()
+        step_start = clock.mark()
         room = max(min(k, token_limit - len(out) - 1, target.max_context - (context_len + len(out)) - 1), 0)
         # with no room left (last token of the budget) the step is a plain AR step; drafters never see k=0
         proposal = drafter.propose(room, sampling, generator) if room else Proposal(no_drafts)
         drafts = proposal.tokens[:room]
-        draft_end = clock.now()
+        draft_end = clock.mark()
 
         block = torch.cat([drafts.new_tensor([anchor]), drafts])
         verified = target.forward(block, cache, layers)
-        verify_end = clock.now()
+        verify_end = clock.mark()
         if sampling.greedy:
             accepted, bonus = accept_greedy(drafts, verified.logits)
         else:
@@ -95,9 +97,9 @@ def decode_turn(
         kv_len = context_len + len(out) - 1  # KV length before this step: everything but the anchor
         target.crop(cache, kv_len + 1 + accepted)  # keep the anchor and the accepted drafts
         new_ids = drafts[:accepted].tolist() + [bonus]
-        commit_start = clock.now()
+        commit_start = clock.mark()
         drafter.commit(block.new_tensor(new_ids), None if verified.hidden is None else verified.hidden[: accepted + 1])
-        commit_end = clock.now()
+        commit_end = clock.mark()
 
         emitted = 0
         for token in new_ids:
@@ -108,16 +110,22 @@ def decode_turn(
                 break
         anchor = out[-1]
         state = drafter.state_bytes()
-        step_end = clock.now()
-        # draft_s is all drafter work (propose + commit); verify_s is the target forward alone; the rest of
-        # step_s (acceptance, cache rollback, bookkeeping) is the engine's own overhead.
+        marks.append((step_start, draft_end, verify_end, commit_start, commit_end, clock.mark()))
         result.steps.append(StepInfo(
             context_len=kv_len, num_drafted=drafts.numel(), num_accepted=accepted, emitted=emitted,
-            draft_s=(draft_end - step_start) + (commit_end - commit_start), verify_s=verify_end - draft_end,
-            step_s=step_end - step_start, draft_state_bytes=state.total, draft_history_bytes=state.history,
+            draft_s=0.0, verify_s=0.0, step_s=0.0, draft_state_bytes=state.total, draft_history_bytes=state.history,
         ))
 
     if result.stop_reason == "max_new_tokens" and len(out) >= token_limit and token_limit < max_new_tokens:
         result.stop_reason = "context_limit"
-    result.decode_s = clock.now() - t0
+    end = clock.mark()
+    # Intervals are read once the turn is over (on CUDA: device events, no synchronisation per step). draft_s is
+    # all drafter work (propose + commit); verify_s is the target forward alone; the rest of step_s (acceptance,
+    # cache rollback, bookkeeping) is the engine's own overhead.
+    result.decode_s = clock.seconds(t0, end)
+    result.draft_prefill_s = clock.seconds(t0, started)
+    for step, (start, drafted, verified_at, commit_start, commit_end, stop) in zip(result.steps, marks):
+        step.draft_s = clock.seconds(start, drafted) + clock.seconds(commit_start, commit_end)
+        step.verify_s = clock.seconds(drafted, verified_at)
+        step.step_s = clock.seconds(start, stop)
     return result

@@ -71,6 +71,7 @@ class TurnRecord:
     skip_reason: str  # why the turn was not decoded, "" when it was
     dropped_tokens: int  # tokens cut from the left under --context-policy truncate-left
     dropped_messages: int = 0  # whole oldest messages dropped under --context-policy truncate-left (0 for raw ids)
+    position: int = 0  # where this method ran in the turn's seed-shuffled order of methods (0 = first; ar included)
     output_ids: list[int] = field(default_factory=list)
     worker_host: str = ""  # the host that decoded this turn (every method of a turn runs on one worker)
     worker_device: str = ""  # its device: cpu, or cuda:N with N the physical GPU

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,6 +142,9 @@ class Runner:
                 options["drafter"] = self.config.drafters[info.name]
             drafter = info.factory(self.target, options)
             self.target.check_layer_ids(drafter.feature_layers, f"method {info.name}")
+            if self.config.repeats > 1 and type(drafter).reset is not Drafter.reset:
+                raise UserError(f"--repeats {self.config.repeats}: method {info.name} learns from every reply it "
+                                "sees, so a repeated turn would not repeat the same work; use --repeats 1")
             self.drafters[info.name] = drafter
 
     def describe(self) -> dict:
@@ -186,7 +190,8 @@ class Runner:
                            if m != BASELINE or self.record_baseline)]
 
     def warm_up(self) -> None:
-        """One short untimed decode per method so that no recorded turn pays first-call costs."""
+        """Untimed first calls, so that no recorded turn pays them: one short decode per method, then a target
+        forward of every verify block size the run can use (1 … k+1) for each set of feature layers read."""
         if not self.config.warmup:
             return
         ids = self._warmup_ids()
@@ -195,6 +200,14 @@ class Runner:
             prefix.prefill(ids)
             self._decode(drafter, prefix, ids, max_new_tokens=16, generator=torch.Generator().manual_seed(0))
             drafter.reset()  # the warm-up reply is not part of the run
+        for layers in sorted({d.feature_layers for d in self.drafters.values()}):
+            prefix = PrefixCache(self.target, layers)
+            prefix.prefill(ids)
+            for size in range(1, self.config.k + 2):
+                block = torch.tensor(ids[:size] + ids[:1] * max(size - len(ids), 0), dtype=torch.long,
+                                     device=self.target.device)
+                self.target.forward(block, prefix.cache, layers)
+                prefix.rewind()
 
     def run(self, progress: Progress | None = None) -> None:
         progress = progress or Progress(total=0)
@@ -222,10 +235,13 @@ class Runner:
         seed = int(hashlib.sha256(f"{cfg.seed}:{trajectory.sample_id}".encode()).hexdigest()[:8], 16)
         generators = {name: torch.Generator().manual_seed(seed) for name in self.drafters}
         for turn_index in range(len(trajectory.turns[: cfg.max_turns])):
+            order = self.turn_order(trajectory.sample_id, turn_index)
             records: dict[str, TurnRecord] = {}
-            for name, drafter in self.drafters.items():
+            for position, name in enumerate(order):
+                drafter = self.drafters[name]
                 context = replays[name].context(turn_index)
                 record = self._turn_record(name, trajectory, turn_index, context)
+                record.position = position
                 records[name] = record
                 if context.skipped:
                     record.stop_reason, record.skip_reason = "skipped", context.skip_reason
@@ -236,7 +252,8 @@ class Runner:
                 steps[name].extend(self._step_records(name, trajectory, turn_index, result))
                 replays[name].record_reply(turn_index, self.target.decode(result.output_ids))
             baseline = records[BASELINE]
-            for name, record in records.items():
+            for name in self.drafters:
+                record = records[name]
                 if record.stop_reason != "skipped" and baseline.stop_reason != "skipped":
                     record.ar_decode_s, record.ar_new_tokens = baseline.decode_s, baseline.new_tokens
                     record.speedup = _speedup(baseline, record)
@@ -245,6 +262,25 @@ class Runner:
                                  "tau": record.tau, "tokens_per_s": record.new_tokens / max(record.decode_s, 1e-9),
                                  "speedup": record.speedup})
         return steps, turns
+
+    def turn_order(self, sample_id: str, turn_index: int) -> list[str]:
+        """The order the methods (`ar` included) decode a turn in: shuffled per turn from the run's seed, so that
+        no method always runs first (or right after another's prefill); recorded as each turn's `position`."""
+        order = list(self.drafters)
+        random.Random(f"{self.config.seed}:{sample_id}:{turn_index}").shuffle(order)
+        return order
+
+    def _decode_repeats(self, what: str, drafter: Drafter, prefix: PrefixCache, ids: list[int],
+                        generator: torch.Generator) -> TurnResult:
+        """Decode the turn --repeats times, each from the same generator state (so at any temperature every repeat
+        makes the same choices), and keep the median repeat."""
+        state = generator.get_state()
+        results = []
+        for _ in range(self.config.repeats):
+            generator.set_state(state)
+            results.append(self._decode(drafter, prefix, ids, self.config.max_new_tokens, generator))
+            prefix.rewind()
+        return median_repeat(results, what)
 
     # ---- pieces ----------------------------------------------------------------------------------------------
     def _render(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
@@ -277,13 +313,13 @@ class Runner:
 
     def _decode_turn(self, drafter: Drafter, prefix: PrefixCache, ids: list[int], record: TurnRecord,
                      generator: torch.Generator) -> TurnResult:
-        """Prefill (timed apart) and decode one turn; other engines (engines/) replace this."""
-        t0 = self._clock.now()
+        """Prefill (timed apart) and decode one turn --repeats times (the median kept); other engines (engines/)
+        replace this."""
+        start = self._clock.mark()
         record.prefill_tokens = prefix.prefill(ids)
-        record.prefill_s = self._clock.now() - t0
-        result = self._decode(drafter, prefix, ids, self.config.max_new_tokens, generator)
-        prefix.rewind()
-        return result
+        record.prefill_s = self._clock.seconds(start, self._clock.mark())
+        return self._decode_repeats(f"method {record.method}, sample {record.sample_id}, turn {record.turn}",
+                                    drafter, prefix, ids, generator)
 
     def _decode(self, drafter: Drafter, prefix: PrefixCache, ids: list[int], max_new_tokens: int,
                 generator: torch.Generator) -> TurnResult:
@@ -338,6 +374,26 @@ def write_run_config(store: RunStore, config: RunConfig, current: dict) -> None:
                                 f"{current.get(key)!r}); use a new --out")
         current["resumed_from"] = previous.get("environment", {}).get("started_at")
     store.write_config(current)
+
+
+def median_repeat(results: list[TurnResult], what: str) -> TurnResult:
+    """The repeat whose decode loop took the median time (the lower middle one for an even count), with its steps.
+
+    The drafter's start-of-turn work is taken from the first repeat: later repeats find a prefix-reusing drafter's
+    cache already holding the context, so only the first pays what a real turn pays. Every repeat must have done
+    the same work (same output, same drafts accepted); anything else is an error, not a silently mixed record.
+    """
+    first = results[0]
+    work = [(s.num_drafted, s.num_accepted) for s in first.steps]
+    for other in results[1:]:
+        if other.output_ids != first.output_ids or [(s.num_drafted, s.num_accepted) for s in other.steps] != work:
+            raise UserError(f"--repeats {len(results)}: {what}: a repeat decoded differently from the first "
+                            "(nondeterministic kernels, or a drafter that learns from its own replies); "
+                            "use --repeats 1")
+    loop = sorted(results, key=lambda r: r.decode_s - r.draft_prefill_s)[(len(results) - 1) // 2]
+    loop.decode_s = loop.decode_s - loop.draft_prefill_s + first.draft_prefill_s
+    loop.draft_prefill_s = first.draft_prefill_s
+    return loop
 
 
 def _speedup(baseline: TurnRecord, record: TurnRecord) -> float:
