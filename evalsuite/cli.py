@@ -213,7 +213,7 @@ def _print_summary(run_dir: Path, run_id: str) -> None:
     from evalsuite.report_summary import summary_rows
 
     rows = summary_rows(run_dir)
-    table = Table(title=f"{run_id}: τ token-weighted with bonus; speedup = paired AR/method decode time per token")
+    table = Table(title=f"{run_id}: τ pooled over verify steps, bonus included; speedup = paired AR/method decode time per token, pooled")
     for column in rows[0].keys() if rows else []:
         table.add_column(column, justify="right" if column != "method" else "left")
     for row in rows:

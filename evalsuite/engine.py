@@ -27,6 +27,7 @@ class StepInfo:
     step_s: float
     draft_state_bytes: int
     draft_history_bytes: int
+    budget_limited: bool = False  # the token budget (or the window) left no room to draft: a plain one-token step
 
 
 @dataclass
@@ -108,12 +109,14 @@ def decode_turn(
             if token in stop_ids:
                 result.stop_reason = "eos"
                 break
+        counted = min(accepted, emitted)  # drafts accepted after an accepted EOS draft are not counted
         anchor = out[-1]
         state = drafter.state_bytes()
         marks.append((step_start, draft_end, verify_end, commit_start, commit_end, clock.mark()))
         result.steps.append(StepInfo(
-            context_len=kv_len, num_drafted=drafts.numel(), num_accepted=accepted, emitted=emitted,
+            context_len=kv_len, num_drafted=drafts.numel(), num_accepted=counted, emitted=emitted,
             draft_s=0.0, verify_s=0.0, step_s=0.0, draft_state_bytes=state.total, draft_history_bytes=state.history,
+            budget_limited=room == 0,
         ))
 
     if result.stop_reason == "max_new_tokens" and len(out) >= token_limit and token_limit < max_new_tokens:

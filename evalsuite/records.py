@@ -36,7 +36,7 @@ class StepRecord:
     step: int
     context_len: int  # KV length when the step starts (tokens the target has already processed)
     num_drafted: int
-    num_accepted: int  # accepted drafts, bonus excluded
+    num_accepted: int  # accepted drafts, bonus excluded; drafts after an accepted EOS draft are not counted
     accept_flags: list[bool]  # per drafted position: did the target accept it (False after the first rejection)
     emitted: int  # tokens this step added to the output (accepted + bonus, less any cut at EOS/limit)
     draft_s: float  # drafter work: propose + commit
@@ -45,6 +45,7 @@ class StepRecord:
     draft_state_bytes: int  # draft-side memory after the step: history + working
     draft_history_bytes: int  # the part of it that grows with the context
     engine: str = "hf"  # "hf" (ours) | "vllm"; vLLM rows leave the timing and memory fields null
+    budget_limited: bool = False  # the token budget or the window left no room to draft; excluded from τ
 
 
 @dataclass
@@ -63,10 +64,12 @@ class TurnRecord:
     prefill_s: float
     draft_prefill_s: float  # drafter start-of-turn work (e.g. building its KV over the context)
     decode_s: float  # after prefill: first verify step to the last token
-    tau: float  # token-weighted over this turn's steps, bonus included: sum(accepted + 1) / steps
+    tau: float  # pooled ratio over this turn's verify steps, bonus included: sum(accepted + 1) / steps (steps
+    # that were budget_limited excluded; NaN when no step could draft)
     ar_decode_s: float  # the paired AR decode of the same turn
     ar_new_tokens: int
-    speedup: float  # (ar_decode_s / ar_new_tokens) / (decode_s / new_tokens)
+    speedup_turn: float  # this turn alone: (ar_decode_s / ar_new_tokens) / (decode_s / new_tokens); the speedup
+    # the report gives is pooled over turns (sums of seconds and tokens), not a mean of these
     stop_reason: str  # eos | max_new_tokens | context_limit | skipped
     skip_reason: str  # why the turn was not decoded, "" when it was
     dropped_tokens: int  # tokens cut from the left under --context-policy truncate-left

@@ -169,9 +169,13 @@ class Runner:
             "task_source": self.task.source,
             "sample_ids": [t.sample_id for t in self.trajectories],
             "conventions": {
-                "tau": "token-weighted mean over verify steps of (accepted drafts + 1), bonus included",
-                "speedup": "paired per turn: (AR decode s / AR tokens) / (method decode s / method tokens); "
-                           "decode excludes the target prefill and includes the drafter's start-of-turn work",
+                "tau": "pooled ratio over verify steps: sum of (accepted drafts + 1) / number of steps, bonus "
+                       "included; steps the token budget left no room to draft (budget_limited) are excluded; "
+                       "drafts accepted after an EOS are not counted",
+                "speedup": "paired with AR on the same turns and pooled: (sum AR decode s / sum AR tokens) / "
+                           "(sum method decode s / sum method tokens) over the turns both decoded; decode excludes "
+                           "the target prefill and includes the drafter's start-of-turn work; turns.parquet's "
+                           "speedup_turn is the same ratio for one turn",
                 "context_len": "target KV length when the step starts",
             },
             "environment": environment(target.device),
@@ -256,11 +260,11 @@ class Runner:
                 record = records[name]
                 if record.stop_reason != "skipped" and baseline.stop_reason != "skipped":
                     record.ar_decode_s, record.ar_new_tokens = baseline.decode_s, baseline.new_tokens
-                    record.speedup = _speedup(baseline, record)
+                    record.speedup_turn = _speedup(baseline, record)
                 turns[name].append(record)
                 progress.update({"method": name, "sample": trajectory.sample_id, "turn": turn_index,
                                  "tau": record.tau, "tokens_per_s": record.new_tokens / max(record.decode_s, 1e-9),
-                                 "speedup": record.speedup})
+                                 "speedup": record.speedup_turn})
         return steps, turns
 
     def turn_order(self, sample_id: str, turn_index: int) -> list[str]:
@@ -332,8 +336,8 @@ class Runner:
             run_id=self.run_id, method=name, task=self.config.task, sample_id=trajectory.sample_id, turn=turn_index,
             replay=context.replay, context_len=context.context_len, prompt_tokens=context.context_len,
             prefill_tokens=0, new_tokens=0, num_steps=0, prefill_s=0.0, draft_prefill_s=0.0, decode_s=0.0,
-            tau=float("nan"), ar_decode_s=0.0, ar_new_tokens=0, speedup=float("nan"), stop_reason="", skip_reason="",
-            dropped_tokens=context.dropped_tokens, dropped_messages=context.dropped_messages,
+            tau=float("nan"), ar_decode_s=0.0, ar_new_tokens=0, speedup_turn=float("nan"), stop_reason="",
+            skip_reason="", dropped_tokens=context.dropped_tokens, dropped_messages=context.dropped_messages,
             worker_host=self.worker_host, worker_device=self.worker_device,
             engine=self.engine_name,
         )
@@ -346,8 +350,9 @@ class Runner:
         record.draft_prefill_s = result.draft_prefill_s
         record.decode_s = result.decode_s
         record.stop_reason = result.stop_reason
-        if result.steps:
-            record.tau = sum(s.num_accepted + 1 for s in result.steps) / len(result.steps)
+        counted = [s for s in result.steps if not s.budget_limited]
+        if counted:
+            record.tau = sum(s.num_accepted + 1 for s in counted) / len(counted)
 
     def _step_records(self, name, trajectory, turn_index, result: TurnResult) -> list[StepRecord]:
         return [
@@ -357,7 +362,7 @@ class Runner:
                        accept_flags=[j < s.num_accepted for j in range(s.num_drafted)], emitted=s.emitted,
                        draft_s=s.draft_s, verify_s=s.verify_s, step_s=s.step_s,
                        draft_state_bytes=s.draft_state_bytes, draft_history_bytes=s.draft_history_bytes,
-                       engine=self.engine_name)
+                       engine=self.engine_name, budget_limited=s.budget_limited)
             for i, s in enumerate(result.steps)
         ]
 

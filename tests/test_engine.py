@@ -119,6 +119,20 @@ def test_eos_inside_accepted_drafts_ends_the_turn(tiny_target):
         tiny_target.stop_ids = original
     assert result.stop_reason == "eos"
     assert result.output_ids == reference[: reference.index(stop) + 1]
+    # the first step drafts reference[1..7], all accepted by the target; only those up to the EOS count
+    first = result.steps[0]
+    assert first.num_drafted == 7 and first.num_accepted == reference.index(stop) == first.emitted
+
+
+def test_a_step_with_no_room_to_draft_is_budget_limited(tiny_target):
+    """The last token of the budget comes from a plain one-token step: marked, so τ can leave it out."""
+    reference = decode(tiny_target, AutoregressiveBaseline(tiny_target.device), PROMPTS[2], 12).output_ids
+    result = decode(tiny_target, OracleDrafter(reference), PROMPTS[2], 10, k=4)
+    # drafts 4+1, 4+1 → 1 + 5 + 5 > 10: the budget caps the second step at 3 drafts, leaving no room after
+    assert [(s.num_drafted, s.budget_limited) for s in result.steps] == [(4, False), (3, False)]
+    result = decode(tiny_target, OracleDrafter(reference), PROMPTS[2], 7, k=4)
+    assert [(s.num_drafted, s.budget_limited) for s in result.steps] == [(4, False), (0, True)]
+    assert result.output_ids == reference[:7]
 
 
 def test_accept_greedy_rule():

@@ -59,7 +59,7 @@ def write_run(directory: Path, task: str, methods: dict[str, dict[str, list[dict
                     context_len=t["context_len"], prompt_tokens=t["context_len"], prefill_tokens=t["context_len"],
                     new_tokens=t["new_tokens"], num_steps=len(t["steps"]), prefill_s=0.1, draft_prefill_s=0.0,
                     decode_s=t["decode_s"], tau=float("nan"), ar_decode_s=t["ar_decode_s"],
-                    ar_new_tokens=t["ar_new_tokens"], speedup=float("nan"), stop_reason=t["stop_reason"],
+                    ar_new_tokens=t["ar_new_tokens"], speedup_turn=float("nan"), stop_reason=t["stop_reason"],
                     skip_reason="too long" if t["stop_reason"] == "skipped" else "", dropped_tokens=0,
                     output_ids=t["output_ids"]))
             store.write_trajectory(method, sample_id, step_records, turn_records)

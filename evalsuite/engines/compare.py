@@ -43,7 +43,7 @@ def compare_turns(turns_a: pd.DataFrame, turns_b: pd.DataFrame, label_a: str = "
     """One row per turn both runs decoded, columns suffixed by the engine labels."""
     frames = []
     for turns, label in ((turns_a, label_a), (turns_b, label_b)):
-        t = turns.copy()
+        t = turns.copy().rename(columns={"speedup_turn": "speedup"})  # the per-turn column (runs before 13.6: speedup)
         t["equal_to_ar"] = _lossless_vs_ar(t)
         t = t[KEYS + ["output_ids", "tau", "speedup", "new_tokens", "stop_reason", "equal_to_ar", "replay"]]
         frames.append(t.rename(columns={c: f"{c}_{label}" for c in t.columns if c not in KEYS}))

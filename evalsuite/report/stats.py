@@ -14,8 +14,10 @@ import pandas as pd
 
 from evalsuite.runner import BASELINE
 
-TAU_CONVENTION = ("τ = token-weighted mean over verify steps of (accepted drafts + 1), bonus included "
-                  "(steps that drafted nothing count as 1); τ (turn macro) = the unweighted mean of per-turn τ")
+TAU_CONVENTION = ("τ = pooled ratio over verify steps: sum of (accepted drafts + 1) / number of steps, bonus "
+                  "included (steps that drafted nothing count as 1, except those the token budget left no room to "
+                  "draft, which are excluded; drafts accepted after an EOS are not counted); τ (turn macro) = the "
+                  "unweighted mean of per-turn τ")
 SPEEDUP_CONVENTION = ("speedup = paired AR decode time per token / method decode time per token, each pooled over "
                       "all paired turns (sum of seconds / sum of tokens); decode excludes the target prefill and "
                       "includes the drafter's start-of-turn work")
@@ -35,8 +37,16 @@ SKIPPED = "skipped"
 
 
 # ---- τ ---------------------------------------------------------------------------------------------------------
+def counted(steps: pd.DataFrame) -> pd.Series:
+    """The steps τ counts: not those the token budget (or the window) left no room to draft (`budget_limited`)."""
+    if "budget_limited" not in steps.columns:
+        return pd.Series(True, index=steps.index)
+    return ~steps.budget_limited.astype(bool)
+
+
 def tau(steps: pd.DataFrame) -> float:
-    """Token-weighted τ: sum over steps of (accepted + 1) divided by the number of steps."""
+    """τ, the pooled ratio over verify steps: sum over steps of (accepted + 1) divided by the number of steps."""
+    steps = steps[counted(steps)]
     if steps.empty:
         return float("nan")
     return float((steps.num_accepted + 1).sum() / len(steps))
@@ -44,6 +54,7 @@ def tau(steps: pd.DataFrame) -> float:
 
 def tau_turn_macro(steps: pd.DataFrame) -> float:
     """The per-turn macro average: τ of each (run, sample, turn), then their unweighted mean."""
+    steps = steps[counted(steps)]
     if steps.empty:
         return float("nan")
     keys = [c for c in ("run", "method", "task", "sample_id", "turn") if c in steps.columns]
@@ -180,6 +191,7 @@ def trajectory_keys(turns: pd.DataFrame) -> pd.Series:
 
 def tau_sums(steps: pd.DataFrame, units: list[str]) -> np.ndarray:
     """[n_units, 2]: per trajectory, sum of (accepted + 1) and number of steps (zeros where it has none)."""
+    steps = steps[counted(steps)]
     if steps.empty:
         return np.zeros((len(units), 2))
     grouped = (steps.num_accepted + 1).groupby(trajectory_keys(steps)).agg(["sum", "count"])
@@ -282,6 +294,8 @@ def differs_from_ar(turns: pd.DataFrame, method: str) -> tuple[float, int]:
 # ---- curves ----------------------------------------------------------------------------------------------------
 def tau_curve(steps: pd.DataFrame, key: pd.Series, seed: int, n_resamples: int = DEFAULT_RESAMPLES) -> pd.DataFrame:
     """τ per value of `key` (aligned with `steps`: a turn index, a context bin), with a trajectory-bootstrap CI."""
+    mask = counted(steps).to_numpy()
+    steps, key = steps[mask], pd.Series(np.asarray(key)[mask], index=steps.index[mask])
     if steps.empty:
         return pd.DataFrame(columns=["key", "tau", "low", "high", "steps", "trajectories"])
     units = list(dict.fromkeys(trajectory_keys(steps)))
@@ -349,6 +363,7 @@ def per_turn(steps: pd.DataFrame, turns: pd.DataFrame) -> pd.DataFrame:
     if steps.empty:
         done["tau"], done["steps"] = np.nan, 0
     else:
+        steps = steps[counted(steps)]
         grouped = (steps.num_accepted + 1).groupby([steps[k] for k in keys]).agg(["sum", "count"])
         done = done.drop(columns=[c for c in ("tau", "steps") if c in done.columns])
         done = done.join(grouped, on=keys)
@@ -384,6 +399,7 @@ def context_curves(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0, n_re
             units = list(dict.fromkeys(trajectory_keys(cell_turns)))
             unit_of = trajectory_keys(cell_turns)
             cell_steps = steps[(steps.method == method) & (steps.task == task)]
+            cell_steps = cell_steps[counted(cell_steps)]
             keyed = cell_turns.set_index(["run", "sample_id", "turn"]).bin
             step_bin = keyed.reindex(pd.MultiIndex.from_frame(cell_steps[["run", "sample_id", "turn"]])).to_numpy()
             has_bin = ~pd.isna(step_bin)

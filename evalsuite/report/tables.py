@@ -379,7 +379,7 @@ def tau_macro_table(summary: pd.DataFrame, methods: list[str], tasks: list[str])
     rows = [[Cell(m)] + [Cell(lookup[(m, t)].tau_turn_macro) if (m, t) in lookup else Cell(None) for t in tasks]
             for m in methods]
     csv = cells[["method", "task", "tau_turn_macro", "tau", "turns"]]
-    notes = ["τ (turn macro) = mean over decoded turns of each turn's token-weighted τ; every turn counts equally "
+    notes = ["τ (turn macro) = mean over decoded turns of each turn's pooled τ; every turn counts equally "
              "(the z-lab DFlash convention), unlike the pooled τ of Table 1", "no interval, so nothing is bolded"]
     return Table("tau_turn_macro", "τ, per-turn macro average", ["Method", *tasks], rows, notes, csv)
 
