@@ -111,18 +111,19 @@ class ReplayWorker:
         return {"sample_id": sample_id, "pid": os.getpid(), "tau_sums": self._tau_sums(sample_id)}
 
     def _tau_sums(self, sample_id: str) -> dict[str, tuple[float, int]]:
-        """Per method, (sum of accepted + 1 over verify steps, steps) from the turns parts now in the store."""
+        """Per method, (sum of accepted + 1 over the verify steps τ counts, their number) from the steps parts now in
+        the store (steps the token budget left no room to draft are not counted, as in τ)."""
         import pyarrow.parquet as pq
 
         from evalsuite.records import pair_key
 
         sums = {}
         for method in self.runner.drafters:
-            part = self.runner.store.turns_dir / f"{pair_key(method, sample_id)}.parquet"
+            part = self.runner.store.steps_dir / f"{pair_key(method, sample_id)}.parquet"
             if part.exists():
-                rows = pq.read_table(part, columns=["tau", "num_steps"]).to_pylist()
-                decoded = [r for r in rows if r["num_steps"]]
-                sums[method] = (sum(r["tau"] * r["num_steps"] for r in decoded), sum(r["num_steps"] for r in decoded))
+                rows = pq.read_table(part, columns=["num_accepted", "budget_limited"]).to_pylist()
+                counted = [r for r in rows if not r["budget_limited"]]
+                sums[method] = (sum(r["num_accepted"] + 1 for r in counted), len(counted))
         return sums
 
 
