@@ -12,7 +12,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+    TimeRemainingColumn
 from rich.table import Table
 
 from evalsuite.errors import UserError
@@ -149,11 +150,17 @@ def run(
                                                      "node's cores / --workers)."),
     engine: str = typer.Option("hf", help="hf (ours: per-step times, every drafter) | vllm (vLLM's speculative "
                                           "decoding in its own venv: ar, ngram, eagle3; see README)."),
+    sample_ids: Optional[str] = typer.Option(None, help="Comma-separated sample ids to run, in this order "
+                                             "(instead of a seeded --limit subset)."),
+    threads: Optional[int] = typer.Option(None, help="torch threads (default: torch's choice); recorded, and a "
+                                          "drift field for --resume."),
 ):
     """Replay a task through the target with the given methods; write per-step records and a summary."""
     from transformers.utils import logging as hf_logging
 
     from evalsuite.config import RunConfig
+    from evalsuite.plan import make_plan
+    from evalsuite.resume import resume_command
     from evalsuite.runner import Progress as RunProgress, Runner
 
     hf_logging.disable_progress_bar()  # our own status line and bar; errors stay one line
@@ -174,6 +181,8 @@ def run(
         dtype=dtype, weight_layout=weight_layout, kv_cache=kv_cache, compile=compile, k=k, temperature=temperature, top_p=top_p, top_k=top_k,
         max_new_tokens=max_new_tokens, limit=limit, seed=seed, resume=resume, replay=replay, context_policy=context_policy, max_turns=max_turns,
         enable_thinking=enable_thinking, data_path=data_path, subset=subset, warmup=warmup, repeats=repeats, method_options=options,
+        sample_ids=None if sample_ids is None else [s.strip() for s in sample_ids.split(",") if s.strip()],
+        threads=threads,
     )
     run_id = out_dir.name if out_dir else f"{task}-{'_'.join(methods)}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = out_dir or Path("results") / run_id
@@ -190,22 +199,28 @@ def run(
         _run_on_ray(config, run_dir, ScaleOptions(workers, ray_address, gpus_per_worker, threads_per_worker))
         return _print_summary(run_dir, run_id)
     runner = Runner(config, run_dir)
-    with console.status("loading target, drafters and data…"):
-        runner.load()
-    pending = runner.pending()
-    turns_total = sum(min(len(t.turns), max_turns or 10**9) for t in pending) * len(runner.drafters)
-    console.print(f"[bold]{runner.target.name}[/] · task {task} ({len(runner.trajectories)} samples, "
-                  f"{len(pending)} to run) · methods {', '.join(runner.drafters)} · k={k} T={temperature} · {run_dir}")
-    bar_columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("τ {task.fields[tau]}  {task.fields[tps]} tok/s  ×{task.fields[speedup]}")]
-    with Progress(*bar_columns, console=console, transient=False) as bar:
-        handle = bar.add_task("turns", total=turns_total, tau="-", tps="-", speedup="-")
+    try:
+        with console.status("loading target, drafters and data…"):
+            runner.load()
+        plan = make_plan(runner)
+        console.print(f"[bold]{runner.target.name}[/] · task {task} · k={k} T={temperature} · {run_dir}")
+        console.print(plan.describe(), highlight=False, soft_wrap=True)
+        bar_columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                       TextColumn("ETA"), TimeRemainingColumn(),
+                       TextColumn("τ {task.fields[tau]}  {task.fields[tps]} tok/s  ×{task.fields[speedup]}")]
+        with Progress(*bar_columns, console=console, transient=False) as bar:
+            handle = bar.add_task("turns", total=plan.decodes, tau="-", tps="-", speedup="-")
 
-        def update(info: dict) -> None:
-            bar.update(handle, advance=1, description=f"{info['method']:>7} {info['sample']} t{info['turn']}",
-                       tau=_fmt(info["tau"]), tps=_fmt(info["tokens_per_s"], 1), speedup=_fmt(info["speedup"]))
+            def update(info: dict) -> None:
+                bar.update(handle, advance=1, description=f"{info['method']:>7} {info['sample']} t{info['turn']}",
+                           tau=_fmt(info["tau"]), tps=_fmt(info["tokens_per_s"], 1), speedup=_fmt(info["speedup"]))
 
-        runner.run(RunProgress(total=turns_total, update=update))
+            runner.run(RunProgress(total=plan.decodes, update=update))
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted: finished (method, sample) pairs are saved in {escape(str(run_dir))}; "
+                      f"continue with[/]\n{escape(resume_command(sys.argv[1:], run_dir))}", highlight=False,
+                      soft_wrap=True)
+        raise typer.Exit(130)
     _print_summary(run_dir, run_id)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
@@ -50,6 +51,8 @@ class RunConfig:
     repeats: int = 1  # each turn is decoded this many times from the same generator state; the median is kept
     method_options: dict[str, dict] = field(default_factory=dict)
     engine: str = "hf"  # hf (ours) | vllm (evalsuite/engines/vllm_engine.py)
+    sample_ids: list[str] | None = None  # exact samples to run (instead of a seeded --limit subset)
+    threads: int | None = None  # torch intra-op threads (None: torch's default); the count used is recorded
 
     def validate(self) -> None:
         if not 1 <= self.k <= 64:
@@ -74,16 +77,36 @@ class RunConfig:
             raise UserError(f"--repeats {self.repeats}: must be between 1 and 100")
         if not self.methods:
             raise UserError("--method: name at least one method")
+        if self.threads is not None and self.threads < 1:
+            raise UserError(f"--threads {self.threads}: must be >= 1")
+        if self.sample_ids is not None:
+            if not self.sample_ids:
+                raise UserError("--sample-ids: name at least one sample id")
+            if self.limit is not None:
+                raise UserError("--sample-ids and --limit: give one of them (the ids already fix the samples)")
+            repeated = sorted({i for i in self.sample_ids if self.sample_ids.count(i) > 1})
+            if repeated:
+                raise UserError(f"--sample-ids: {', '.join(repeated)} given more than once")
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-# Fields whose change makes two runs' numbers incomparable; --resume refuses to mix them.
-DRIFT_FIELDS = ("target_sha256", "chat_template_sha256", "enable_thinking", "temperature", "top_p", "top_k", "k",
-                "max_new_tokens", "seed", "task", "replay", "context_policy", "dtype", "weight_layout",
-                "kv_cache", "compile",
-                "drafter_sha256", "engine", "repeats")
+# Fields of run.json whose change makes two runs' numbers incomparable; --resume refuses to mix them and
+# `evalsuite report` refuses to merge them (some only among runs of one task: report/load.py).
+DRIFT_FIELDS = ("target_sha256", "chat_template_sha256", "tokenizer_sha256", "enable_thinking", "temperature",
+                "top_p", "top_k", "k", "max_new_tokens", "seed", "task", "subset", "data_sha256", "sample_ids",
+                "max_turns", "replay", "context_policy", "dtype", "weight_layout", "kv_cache", "compile", "threads",
+                "engine", "repeats")
+# Per-method drift fields ({method: value}): compared for the methods two runs share (a resume may add methods).
+PER_METHOD_DRIFT_FIELDS = ("drafter_sha256", "method_options")
+
+
+def drift_value(key: str, value) -> str:
+    """A drift field's value in comparable form (the selected samples compare as a set)."""
+    if key == "sample_ids" and isinstance(value, list):
+        value = sorted(value)
+    return json.dumps(value, sort_keys=True, default=str)
 
 
 def portable_paths(value):

@@ -6,8 +6,11 @@ A run directory holds:
 - `run.json`        configuration and environment
 
 Each finished (method, sample) trajectory is written as one part file per table, named by a hash of
-(method, sample_id): a rerun of the same pair overwrites the same part, so rows are never duplicated.
-The turns part is written last and atomically; it marks the pair finished for `--resume`.
+(method, sample_id), so rows are never duplicated. Each part is written under a hidden temporary name
+(`.<key>.parquet.tmp`, which Parquet readers skip) and renamed into place. The turns part is written last:
+it marks the pair finished. A finished pair is never written again (`--resume` decodes only unfinished
+pairs), so its parts stay byte-identical. A steps part without its turns part (the process was killed
+between the two renames) is an *orphan*: the readers here ignore it and `RunStore.clean` removes it.
 """
 
 from __future__ import annotations
@@ -113,17 +116,35 @@ class RunStore:
             raise UserError(f"--out {self.root}: not writable ({err.strerror}); choose another directory") from err
 
     def finished_pairs(self) -> set[str]:
-        if not self.turns_dir.exists():
-            return set()
-        return {p.stem for p in self.turns_dir.glob("*.parquet")}
+        """Keys (`pair_key`) of the finished (method, sample) pairs."""
+        return finished_keys(self.root)
 
     def is_finished(self, method: str, sample_id: str) -> bool:
         return (self.turns_dir / f"{pair_key(method, sample_id)}.parquet").exists()
 
     def write_trajectory(self, method: str, sample_id: str, steps: list[StepRecord], turns: list[TurnRecord]) -> None:
+        """Write one finished pair. Refuses to rewrite a finished one: its parts must stay as they are."""
+        if self.is_finished(method, sample_id):
+            raise RuntimeError(f"({method}, {sample_id}) is already finished in {self.root}; not rewriting it")
         key = pair_key(method, sample_id)
         _atomic_parquet(self.steps_dir / f"{key}.parquet", steps, STEP_SCHEMA)
         _atomic_parquet(self.turns_dir / f"{key}.parquet", turns, TURN_SCHEMA)  # last: marks the pair done
+
+    def leftovers(self) -> list[Path]:
+        """What an interrupted writer left: orphaned steps parts and temporary files."""
+        finished = self.finished_pairs()
+        found = [p for p in _parts(self.steps_dir) if p.stem not in finished]
+        for directory in (self.steps_dir, self.turns_dir):
+            if directory.is_dir():
+                found += sorted(directory.glob(".*.parquet.tmp"))
+        return found
+
+    def clean(self) -> list[Path]:
+        """Remove the leftovers of an interrupted run (call before decoding, never while a writer is active)."""
+        removed = self.leftovers()
+        for path in removed:
+            path.unlink(missing_ok=True)
+        return removed
 
     def write_config(self, config: dict) -> None:
         path = self.root / "run.json"
@@ -138,21 +159,31 @@ class RunStore:
 
 def _atomic_parquet(path: Path, records: list, schema: pa.Schema) -> None:
     table = pa.Table.from_pylist([asdict(r) for r in records], schema=schema)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f".{path.name}.tmp")  # hidden: pyarrow's dataset discovery skips it
     pq.write_table(table, tmp)
     os.replace(tmp, path)
 
 
+def _parts(directory: Path) -> list[Path]:
+    return sorted(directory.glob("[!.]*.parquet")) if directory.is_dir() else []
+
+
+def finished_keys(run_dir: str | Path) -> set[str]:
+    return {p.stem for p in _parts(Path(run_dir) / "turns.parquet")}
+
+
 def load_steps(run_dir: str | Path) -> pd.DataFrame:
-    return _load(Path(run_dir) / "steps.parquet", STEP_SCHEMA)
+    """Steps of the finished pairs only (an orphaned part, whose turns part never landed, is ignored)."""
+    finished = finished_keys(run_dir)
+    parts = [p for p in _parts(Path(run_dir) / "steps.parquet") if p.stem in finished]
+    return _load(parts, STEP_SCHEMA)
 
 
 def load_turns(run_dir: str | Path) -> pd.DataFrame:
-    return _load(Path(run_dir) / "turns.parquet", TURN_SCHEMA)
+    return _load(_parts(Path(run_dir) / "turns.parquet"), TURN_SCHEMA)
 
 
-def _load(path: Path, schema: pa.Schema) -> pd.DataFrame:
-    parts = sorted(path.glob("*.parquet")) if path.is_dir() else []
+def _load(parts: list[Path], schema: pa.Schema) -> pd.DataFrame:
     if not parts:
         return schema.empty_table().to_pandas()
     frame = pa.concat_tables([pq.read_table(p, schema=schema) for p in parts]).to_pandas()

@@ -16,13 +16,14 @@ import random
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from jinja2 import TemplateError
 
 from evalsuite.chat_format import fit_to_template
-from evalsuite.config import DRIFT_FIELDS, RunConfig, environment
+from evalsuite import resume
+from evalsuite.config import RunConfig, environment
 from evalsuite.engine import TurnResult, decode_turn
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Drafter, Sampling, common_prefix_len, get_method
@@ -30,7 +31,7 @@ from evalsuite.records import RunStore, StepRecord, TurnRecord
 from evalsuite.replay import ContextPolicy, MethodReplay, TurnContext, Window, check_replay_mode, make_policy
 from evalsuite.target import TargetModel, cached_weights_hash, text_hash
 from evalsuite.timing import DeviceClock
-from evalsuite.workloads.base import LoadOptions, Trajectory, get_task
+from evalsuite.workloads.base import LoadOptions, Trajectory, get_task, select_samples
 
 BASELINE = "ar"
 WARMUP_PROMPT = [{"role": "user", "content": "Warmup."}]
@@ -79,6 +80,13 @@ class PrefixCache:
         return self.features[:, index]
 
 
+class Unit(NamedTuple):
+    """A trajectory and the methods to decode on it (`Runner.pending_units`, `Runner.run_unit`)."""
+
+    trajectory: Trajectory
+    methods: tuple[str, ...]
+
+
 @dataclass
 class Progress:
     """What the CLI's live bar shows; the runner calls `update` after every decoded turn."""
@@ -115,9 +123,13 @@ class Runner:
         # the data first: a malformed record or a bad --subset is reported before seconds of model loading
         self.trajectories = self.task.load(LoadOptions(self.config.limit, self.config.seed, self.config.data_path,
                                                        self.config.subset))
+        if self.config.sample_ids is not None:
+            self.trajectories = select_samples(self.trajectories, self.config.sample_ids, self.config.task)
         if not self.trajectories:
             raise UserError(f"task {self.config.task}: no samples to run")
         check_replay_mode(self.config.replay, self.trajectories, self.config.task)
+        if self.config.threads is not None:
+            torch.set_num_threads(self.config.threads)
         self.target = self._load_target()
         self.worker_device = self.worker_device or str(self.target.device)
         self._clock = DeviceClock(self.target.device)
@@ -168,6 +180,8 @@ class Runner:
             "task_licence": self.task.licence,
             "task_source": self.task.source,
             "sample_ids": [t.sample_id for t in self.trajectories],
+            "data_sha256": resume.data_hash(self.config.data_path),
+            "threads": torch.get_num_threads(),
             "conventions": {
                 "tau": "pooled ratio over verify steps: sum of (accepted drafts + 1) / number of steps, bonus "
                        "included; steps the token budget left no room to draft (budget_limited) are excluded; "
@@ -187,11 +201,25 @@ class Runner:
         write_run_config(self.store, self.config, self.describe())
 
     # ---- the run ---------------------------------------------------------------------------------------------
+    def pending_methods(self, trajectory: Trajectory) -> tuple[str, ...]:
+        """The methods to decode on this trajectory: its unfinished recorded (method, sample) pairs, plus the `ar`
+        baseline whenever another of them needs its pairing (then `ar` is decoded again even if its own pair is
+        finished, but not rewritten). Empty when every pair is finished."""
+        todo = {m for m in self.drafters if self.is_recorded(m) and not self.store.is_finished(m, trajectory.sample_id)}
+        if todo - {BASELINE}:
+            todo.add(BASELINE)
+        return tuple(m for m in self.drafters if m in todo)
+
+    def pending_units(self) -> list[Unit]:
+        """One unit per trajectory with unfinished (method, sample) pairs."""
+        return [Unit(t, methods) for t in self.trajectories if (methods := self.pending_methods(t))]
+
     def pending(self) -> list[Trajectory]:
-        names = [info.name for info in self.method_infos]
-        return [t for t in self.trajectories
-                if not all(self.store.is_finished(m, t.sample_id) for m in names
-                           if m != BASELINE or self.record_baseline)]
+        """Trajectories with at least one unfinished (method, sample) pair."""
+        return [unit.trajectory for unit in self.pending_units()]
+
+    def is_recorded(self, method: str) -> bool:
+        return method != BASELINE or self.record_baseline
 
     def warm_up(self) -> None:
         """Untimed first calls, so that no recorded turn pays them: one short decode per method, then a target
@@ -215,34 +243,43 @@ class Runner:
 
     def run(self, progress: Progress | None = None) -> None:
         progress = progress or Progress(total=0)
+        units = self.pending_units()
+        if not units:
+            return
         self.warm_up()
-        for trajectory in self.pending():
-            self.run_unit(trajectory, progress)
+        for unit in units:
+            self.run_unit(unit.trajectory, progress, unit.methods)
 
-    def run_unit(self, trajectory: Trajectory, progress: Progress | None = None) -> None:
-        """One unit of work: a trajectory with all its methods (AR paired), decoded and written to the store."""
+    def run_unit(self, trajectory: Trajectory, progress: Progress | None = None,
+                 methods: tuple[str, ...] | None = None) -> None:
+        """One unit of work: a trajectory with its pending methods (`pending_methods` unless given; AR paired),
+        decoded; the unfinished recorded pairs are written to the store (finished ones never are)."""
+        methods = self.pending_methods(trajectory) if methods is None else methods
+        if not methods:
+            return
         layer_union = tuple(sorted({j for d in self.drafters.values() for j in d.feature_layers}))
-        steps, turns = self.run_trajectory(trajectory, layer_union, progress or Progress(total=0))
-        for name in self.drafters:
-            if name == BASELINE and not self.record_baseline:
-                continue
-            self.store.write_trajectory(name, trajectory.sample_id, steps[name], turns[name])
+        steps, turns = self.run_trajectory(trajectory, layer_union, progress or Progress(total=0), methods)
+        for name in methods:
+            if self.is_recorded(name) and not self.store.is_finished(name, trajectory.sample_id):
+                self.store.write_trajectory(name, trajectory.sample_id, steps[name], turns[name])
 
-    def run_trajectory(self, trajectory: Trajectory, layer_union: tuple[int, ...], progress: Progress):
+    def run_trajectory(self, trajectory: Trajectory, layer_union: tuple[int, ...], progress: Progress,
+                       methods: tuple[str, ...] | None = None):
         """Every turn up to --max-turns gets one record per method: decoded, or skipped with its reason."""
         cfg = self.config
+        drafters = {name: self.drafters[name] for name in (methods or self.drafters)}
         prefix = PrefixCache(self.target, layer_union)
         render = lambda messages: self._render(messages, trajectory.tools)  # noqa: E731
-        replays = {name: MethodReplay(trajectory, self.replay, self.policy, render) for name in self.drafters}
-        steps = {name: [] for name in self.drafters}
-        turns = {name: [] for name in self.drafters}
+        replays = {name: MethodReplay(trajectory, self.replay, self.policy, render) for name in drafters}
+        steps = {name: [] for name in drafters}
+        turns = {name: [] for name in drafters}
         seed = int(hashlib.sha256(f"{cfg.seed}:{trajectory.sample_id}".encode()).hexdigest()[:8], 16)
-        generators = {name: torch.Generator().manual_seed(seed) for name in self.drafters}
+        generators = {name: torch.Generator().manual_seed(seed) for name in drafters}
         for turn_index in range(len(trajectory.turns[: cfg.max_turns])):
-            order = self.turn_order(trajectory.sample_id, turn_index)
+            order = [n for n in self.turn_order(trajectory.sample_id, turn_index) if n in drafters]
             records: dict[str, TurnRecord] = {}
             for position, name in enumerate(order):
-                drafter = self.drafters[name]
+                drafter = drafters[name]
                 context = replays[name].context(turn_index)
                 record = self._turn_record(name, trajectory, turn_index, context)
                 record.position = position
@@ -256,7 +293,7 @@ class Runner:
                 steps[name].extend(self._step_records(name, trajectory, turn_index, result))
                 replays[name].record_reply(turn_index, self.target.decode(result.output_ids))
             baseline = records[BASELINE]
-            for name in self.drafters:
+            for name in drafters:
                 record = records[name]
                 if record.stop_reason != "skipped" and baseline.stop_reason != "skipped":
                     record.ar_decode_s, record.ar_new_tokens = baseline.decode_s, baseline.new_tokens
@@ -373,11 +410,11 @@ def write_run_config(store: RunStore, config: RunConfig, current: dict) -> None:
     if previous is not None and store.finished_pairs():
         if not config.resume:
             raise UserError(f"--out {store.root} already holds results; pass --resume or choose a new --out")
-        for key in DRIFT_FIELDS:
-            if previous.get(key) != current.get(key):
-                raise UserError(f"--resume: {key} differs from the stored run ({previous.get(key)!r} → "
-                                f"{current.get(key)!r}); use a new --out")
-        current["resumed_from"] = previous.get("environment", {}).get("started_at")
+        drift = resume.differences(previous, current)
+        if drift:
+            raise UserError(f"--resume: {drift[0]}; use a new --out")
+        current = resume.resumed_config(previous, current)
+    store.clean()  # before any decoding: what a killed writer left behind
     store.write_config(current)
 
 

@@ -235,7 +235,8 @@ def test_mixed_temperature_is_refused_naming_the_field(general_run, tmp_path):
 
 
 @pytest.mark.parametrize("field, value", [("target_sha256", "u" * 64), ("chat_template_sha256", "d" * 16),
-                                          ("enable_thinking", True)])
+                                          ("enable_thinking", True), ("tokenizer_sha256", "t" * 64),
+                                          ("threads", 7), ("weight_layout", "row-major")])
 def test_other_drift_fields_are_refused(general_run, tmp_path, field, value):
     other = write_run(tmp_path / "other", "mt-bench", {"alpha": {"s1": [turn([(3, 1)])]}}, **{field: value})
     with pytest.raises(UserError, match=f"{field} differs"):
@@ -249,6 +250,30 @@ def test_same_task_needs_the_same_protocol_but_different_tasks_need_not(general_
         load_results([general_run, longer])
 
 
+@pytest.mark.parametrize("field, value", [("sample_ids", ["s1", "s3"]), ("max_turns", 1), ("data_sha256", "e" * 64)])
+def test_a_different_sample_set_of_one_task_is_refused(tmp_path, field, value):
+    config = {"sample_ids": ["s1", "s2"], "max_turns": None, "data_sha256": "f" * 64, "subset": "x"}
+    first = write_run(tmp_path / "first", "longbench-v2", {"alpha": {"s1": [turn([(3, 1)])]}}, **config)
+    second = write_run(tmp_path / "second", "longbench-v2", {"beta": {"s1": [turn([(3, 1)])]}},
+                       **{**config, field: value})
+    with pytest.raises(UserError, match=f"^{field} differs among the longbench-v2:x runs"):
+        load_results([first, second])
+    # the same samples listed in another order are the same selection
+    third = write_run(tmp_path / "third", "longbench-v2", {"beta": {"s1": [turn([(3, 1)])]}},
+                      **{**config, "sample_ids": ["s2", "s1"]})
+    load_results([first, third])
+
+
+def test_per_method_options_are_compared_for_shared_methods(general_run, tmp_path):
+    with_option = write_run(tmp_path / "opt", "mt-bench", {"alpha": {"s1": [turn([(3, 1)])]}},
+                            method_options={"alpha": {"confidence_threshold": 0.5}})
+    with pytest.raises(UserError, match="method_options of method alpha differs"):
+        load_results([general_run, with_option])
+    other_method = write_run(tmp_path / "gamma", "mt-bench", {"gamma": {"s1": [turn([(3, 1)])]}},
+                             method_options={"gamma": {"confidence_threshold": 0.5}})
+    load_results([general_run, other_method])  # no method in common: nothing to compare
+
+
 def test_cli_refuses_mixed_runs_with_exit_code_2(general_run, tmp_path):
     hot = write_run(tmp_path / "hot", "gsm8k", {"gamma": {"s1": [turn([(3, 1)])]}}, temperature=0.7)
     result = CliRunner().invoke(app, ["report", str(general_run), str(hot), "--out", str(tmp_path / "rep")])
@@ -260,7 +285,8 @@ def test_cli_refuses_mixed_runs_with_exit_code_2(general_run, tmp_path):
 
 
 def test_a_trajectory_in_two_runs_is_counted_once(general_run, tmp_path):
-    again = write_run(tmp_path / "again", "gsm8k", {"ar": {"s1": [turn([(0, 0)] * 3)]}, "delta": {"s1": [turn([])]}})
+    again = write_run(tmp_path / "again", "gsm8k", {"ar": {"s1": [turn([(0, 0)] * 3)]}, "delta": {"s1": [turn([])]}},
+                      sample_ids=["s1", "s2"])  # the same selection, not finished
     results = load_results([general_run, again])
     ar = results.turns[results.turns.method == "ar"]
     assert len(ar) == 2 and set(ar.run) == {"general"}

@@ -3,12 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -155,43 +149,6 @@ def test_context_longer_than_the_target_is_a_recorded_skip(tmp_path):
     assert (turns.stop_reason == "skipped").all()
     assert turns.skip_reason.str.contains("reaches the target maximum of 64").all()
     assert len(load_steps(out)) == 0
-
-
-def _run_args(target_dir: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "evalsuite.cli", "run", "--method", "ngram", "--task", "gsm8k", "--target",
-            str(target_dir), "--limit", "6", "--max-new-tokens", "48", "--out", str(out), "--no-warmup"]
-
-
-def test_sigkill_then_resume_loses_and_duplicates_nothing(tmp_path, tiny_llama_dir):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    reference = tmp_path / "reference"
-    subprocess.run(_run_args(tiny_llama_dir, reference), check=True, capture_output=True, env=env, timeout=300)
-
-    interrupted = tmp_path / "interrupted"
-    proc = subprocess.Popen(_run_args(tiny_llama_dir, interrupted), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=env)
-    deadline = time.time() + 240
-    parts = interrupted / "turns.parquet"
-    while time.time() < deadline and len(list(parts.glob("*.parquet"))) < 2:  # 1 trajectory = 1 part here
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    done_before = len(list(parts.glob("*.parquet")))
-    assert 0 < done_before < 6, "the kill must land mid-run"
-
-    resumed = subprocess.run(_run_args(tiny_llama_dir, interrupted) + ["--resume"], capture_output=True, text=True,
-                             env=env, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr
-    got, want = load_turns(interrupted), load_turns(reference)
-    assert not got.duplicated(["method", "sample_id", "turn"]).any()
-    assert sorted(got.sample_id) == sorted(want.sample_id)
-    key = ["method", "sample_id", "turn"]
-    merged = got.merge(want, on=key, suffixes=("", "_ref"))
-    assert len(merged) == len(want)
-    assert all(list(a) == list(b) for a, b in zip(merged.output_ids, merged.output_ids_ref))
-    steps = load_steps(interrupted)
-    assert not steps.duplicated(["method", "sample_id", "turn", "step"]).any()
-    assert len(steps) == len(load_steps(reference))
 
 
 def test_method_auto_reads_the_checkpoint(tiny_target, tmp_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from evalsuite.config import DRIFT_FIELDS
+from evalsuite.config import DRIFT_FIELDS, PER_METHOD_DRIFT_FIELDS, drift_value
 from evalsuite.errors import UserError
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -24,11 +24,11 @@ from evalsuite.runner import BASELINE
 
 # Drift fields that legitimately differ between runs of *different* tasks; they must agree only among runs of
 # the same task (otherwise two rows of one table column would come from different protocols).
-PER_TASK_FIELDS = ("task", "replay", "seed", "max_new_tokens", "context_policy")
-# Fields that every merged run must share, derived from the one list of drift fields.
-GLOBAL_FIELDS = tuple(f for f in DRIFT_FIELDS if f not in PER_TASK_FIELDS and f != "drafter_sha256")
+PER_TASK_FIELDS = ("task", "replay", "seed", "max_new_tokens", "context_policy", "max_turns")
 # What identifies which samples a run drew; runs of one task must agree on it too.
-SAMPLE_SET_FIELDS = ("subset", "data_path")
+SAMPLE_SET_FIELDS = ("subset", "data_sha256", "sample_ids")
+# Fields that every merged run must share, derived from the one list of drift fields.
+GLOBAL_FIELDS = tuple(f for f in DRIFT_FIELDS if f not in PER_TASK_FIELDS + SAMPLE_SET_FIELDS)
 
 
 @dataclass
@@ -171,12 +171,12 @@ def config_differences(runs: list[RunInfo]) -> list[str]:
     for label in _ordered(pd.Series([r.task_label for r in runs])):
         same_task = [r for r in runs if r.task_label == label]
         lines += _differences(same_task, PER_TASK_FIELDS + SAMPLE_SET_FIELDS, scope=f" among the {label} runs")
-    methods = sorted({m for r in runs for m in (r.config.get("drafter_sha256") or {})})
-    for method in methods:
-        having = [r for r in runs if method in (r.config.get("drafter_sha256") or {})]
-        values = {r.key: r.config["drafter_sha256"][method] for r in having}
-        if len(set(map(str, values.values()))) > 1:
-            lines.append(f"drafter_sha256 of method {method} differs: " + _listing(values))
+    for name in PER_METHOD_DRIFT_FIELDS:  # compared among the runs that ran the method
+        for method in sorted({m for r in runs for m in r.config.get("methods") or []}):
+            having = [r for r in runs if method in (r.config.get("methods") or [])]
+            values = {r.key: (r.config.get(name) or {}).get(method) for r in having}
+            if len({drift_value(name, v) for v in values.values()}) > 1:
+                lines.append(f"{name} of method {method} differs: " + _listing(values))
     return lines
 
 
@@ -184,7 +184,7 @@ def _differences(runs: list[RunInfo], names: tuple[str, ...], scope: str) -> lis
     lines = []
     for name in names:
         values = {r.key: r.config.get(name) for r in runs}
-        if len({json.dumps(v, sort_keys=True, default=str) for v in values.values()}) > 1:
+        if len({drift_value(name, v) for v in values.values()}) > 1:
             lines.append(f"{name} differs{scope}: " + _listing(values))
     return lines
 

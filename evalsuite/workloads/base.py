@@ -96,6 +96,17 @@ def seeded_subset(items: list, limit: int | None, seed: int) -> list:
     return shuffled[:limit]
 
 
+def select_samples(trajectories: list[Trajectory], sample_ids: list[str], task: str) -> list[Trajectory]:
+    """The trajectories with these ids, in the order given (`--sample-ids`); an unknown id is a UserError."""
+    by_id = {t.sample_id: t for t in trajectories}
+    unknown = [i for i in sample_ids if i not in by_id]
+    if unknown:
+        examples = ", ".join(list(by_id)[:3])
+        raise UserError(f"--sample-ids: {', '.join(unknown)} not in task {task} ({len(by_id)} samples, "
+                        f"e.g. {examples})")
+    return [by_id[i] for i in sample_ids]
+
+
 def user_turn(text: str) -> Turn:
     return Turn(new_messages=[{"role": "user", "content": text}])
 

@@ -1,0 +1,297 @@
+"""Resume per (method, sample): only unfinished pairs are decoded, finished parts stay byte-identical, orphaned parts
+are ignored and cleaned, drift is refused naming the field, and run.json keeps the original environment."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from evalsuite.cli import app
+from evalsuite.config import RunConfig
+from evalsuite.records import RunStore, load_steps, load_turns, pair_key
+from evalsuite.resume import differences, resume_command, resumed_config
+from evalsuite.runner import Progress, Runner
+from evalsuite.target import TargetModel
+
+cli = CliRunner()
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "kill_resume.py"
+
+
+def base_args(target_dir: Path, out: Path) -> list[str]:
+    return ["run", "--method", "ngram,ar", "--task", "mt-bench", "--target", str(target_dir), "--limit", "2",
+            "--max-new-tokens", "24", "--k", "4", "--out", str(out)]
+
+
+def run_cli(*args: str):
+    return cli.invoke(app, list(args), catch_exceptions=False)
+
+
+def part_hashes(out: Path) -> dict[str, str]:
+    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(out.glob("*.parquet/*"))}
+
+
+def config_for(target_dir: Path, out: Path, methods: list[str], **extra) -> RunConfig:
+    """The RunConfig `base_args` builds, for driving the Runner directly."""
+    return RunConfig(methods=methods, task="mt-bench", target=str(target_dir), limit=2, max_new_tokens=24, k=4,
+                     out=str(out), resume=True, **extra)
+
+
+def decoded_methods(runner: Runner) -> set[str]:
+    seen = set()
+    runner.run(Progress(total=0, update=lambda info: seen.add(info["method"])))
+    return seen
+
+
+@pytest.fixture
+def finished_run(tiny_qwen3_dir, tmp_path):
+    out = tmp_path / "run"
+    result = run_cli(*base_args(tiny_qwen3_dir, out))
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_an_added_method_is_the_only_one_decoded_and_finished_parts_stay_byte_identical(
+        finished_run, tiny_qwen3_dir, tmp_path):
+    from tests.block_drafter_kit import dlite_checkpoint
+
+    before = part_hashes(finished_run)
+    assert len(before) == 2 * 2 * 2  # (steps, turns) x 2 methods x 2 samples
+    config_before = json.loads((finished_run / "run.json").read_text())
+    dlite = dlite_checkpoint(tmp_path / "dlite", TargetModel.load(str(tiny_qwen3_dir)))
+
+    runner = Runner(config_for(tiny_qwen3_dir, finished_run, ["ngram", "ar", "dlite"], drafters={"dlite": str(dlite)}),
+                    finished_run)
+    runner.load()
+    units = runner.pending_units()
+    assert [u.methods for u in units] == [("ar", "dlite")] * 2  # ar only for the pairing; ngram not at all
+    assert decoded_methods(runner) == {"ar", "dlite"}
+
+    after = part_hashes(finished_run)
+    assert {k: after[k] for k in before} == before  # byte-identical
+    new = set(after) - set(before)
+    assert new == {f"{table}.parquet/{pair_key('dlite', s)}.parquet" for table in ("steps", "turns")
+                   for s in config_before["sample_ids"]}
+    turns = load_turns(finished_run)
+    assert not turns.duplicated(["method", "sample_id", "turn"]).any()
+    ar = turns[turns.method == "ar"].set_index(["sample_id", "turn"]).output_ids
+    for row in turns[turns.method == "dlite"].itertuples():  # lossless, and paired with a fresh ar decode
+        assert list(row.output_ids) == list(ar[(row.sample_id, row.turn)]) and row.ar_decode_s > 0
+
+    config = json.loads((finished_run / "run.json").read_text())
+    assert config["environment"] == config_before["environment"]
+    assert config["methods"] == ["ngram", "ar", "dlite"]
+    assert config["drafter_sha256"]["dlite"] and config["drafters"]["dlite"]["checkpoint_sha256"]
+    assert [r["added_methods"] for r in config["resumes"]] == [["dlite"]]
+    assert config["resumes"][0]["environment"]["started_at"]
+
+
+def test_a_partly_finished_trajectory_redecodes_only_its_unfinished_method(finished_run, tiny_qwen3_dir):
+    """Killed after ar's part and ngram's steps part landed, before ngram's turns part: an orphan."""
+    sample = json.loads((finished_run / "run.json").read_text())["sample_ids"][0]
+    key = pair_key("ngram", sample)
+    (finished_run / "turns.parquet" / f"{key}.parquet").unlink()
+    (finished_run / "steps.parquet" / f".{key}.parquet.tmp").write_bytes(b"half a file")
+    before = part_hashes(finished_run)
+    store = RunStore(finished_run)
+    assert {p.name for p in store.leftovers()} == {f"{key}.parquet", f".{key}.parquet.tmp"}
+    # readers ignore the orphan: no steps of a pair that has no turns
+    assert sample not in set(load_steps(finished_run).query("method == 'ngram'").sample_id)
+
+    runner = Runner(config_for(tiny_qwen3_dir, finished_run, ["ngram", "ar"]), finished_run)
+    runner.load()
+    assert store.leftovers() == []  # cleaned on resume, before decoding
+    assert [(u.trajectory.sample_id, u.methods) for u in runner.pending_units()] == [(sample, ("ar", "ngram"))]
+    assert decoded_methods(runner) == {"ar", "ngram"}
+    after = part_hashes(finished_run)
+    unchanged = {k for k in before if key not in k}
+    assert {k: after[k] for k in unchanged} == {k: before[k] for k in unchanged}
+    turns, steps = load_turns(finished_run), load_steps(finished_run)
+    assert len(turns) == 2 * 2 * 2 and not turns.duplicated(["method", "sample_id", "turn"]).any()
+    assert not steps.duplicated(["method", "sample_id", "turn", "step"]).any()
+
+
+def test_a_finished_pair_is_never_rewritten(finished_run):
+    sample = json.loads((finished_run / "run.json").read_text())["sample_ids"][0]
+    with pytest.raises(RuntimeError, match="already finished"):
+        RunStore(finished_run).write_trajectory("ar", sample, [], [])
+
+
+@pytest.mark.parametrize("change, field", [
+    (["--limit", "1"], "sample_ids"),
+    (["--max-turns", "1"], "max_turns"),
+    (["--weight-layout", "row-major"], "weight_layout"),
+    (["--threads", "2"], "threads"),
+    (["--seed", "3"], "seed"),
+])
+def test_resume_refuses_each_drift_field_by_name(finished_run, tiny_qwen3_dir, change, field):
+    args = base_args(tiny_qwen3_dir, finished_run)
+    if change[0] == "--limit":
+        args[args.index("--limit") + 1] = change[1]
+        change = []
+    before = part_hashes(finished_run)
+    try:
+        result = run_cli(*args, *change, "--resume")
+    finally:
+        torch.set_num_threads(1)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    # one line (after the transformers weight-loading bar, which is not ours)
+    assert result.output.strip().splitlines()[-1].startswith(f"error: --resume: {field} differs from the stored run")
+    assert part_hashes(finished_run) == before
+
+
+def test_sample_ids_select_exact_samples_and_are_a_drift_field(tiny_qwen3_dir, tmp_path):
+    out = tmp_path / "ids"
+    args = ["run", "--method", "ngram", "--task", "mt-bench", "--target", str(tiny_qwen3_dir), "--max-new-tokens",
+            "8", "--out", str(out)]
+    result = run_cli(*args, "--sample-ids", "mt-bench-125,mt-bench-81")
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "run.json").read_text())["sample_ids"] == ["mt-bench-125", "mt-bench-81"]
+    assert set(load_turns(out).sample_id) == {"mt-bench-125", "mt-bench-81"}
+    # the same samples in another order are the same selection; another sample is drift
+    assert run_cli(*args, "--sample-ids", "mt-bench-81,mt-bench-125", "--resume").exit_code == 0
+    result = run_cli(*args, "--sample-ids", "mt-bench-81", "--resume")
+    assert result.exit_code == 2 and "sample_ids differs" in result.output
+
+
+@pytest.mark.parametrize("value, message", [
+    ("mt-bench-125,nosuch", "--sample-ids: nosuch not in task mt-bench"),
+    ("mt-bench-125,mt-bench-125", "--sample-ids: mt-bench-125 given more than once"),
+    (",", "--sample-ids: name at least one sample id"),
+])
+def test_bad_sample_ids_are_one_line_errors(tiny_qwen3_dir, tmp_path, value, message):
+    result = run_cli("run", "--task", "mt-bench", "--target", str(tiny_qwen3_dir), "--out", str(tmp_path / "x"),
+                     "--sample-ids", value)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.output.strip().splitlines()[-1].startswith(f"error: {message}")  # after the weight-loading bar
+
+
+def test_sample_ids_with_limit_is_refused(tiny_qwen3_dir, tmp_path):
+    result = run_cli("run", "--task", "mt-bench", "--target", str(tiny_qwen3_dir), "--out", str(tmp_path / "x"),
+                     "--sample-ids", "mt-bench-125", "--limit", "2")
+    assert result.exit_code == 2 and "--sample-ids and --limit" in result.output
+
+
+def test_data_path_content_is_a_drift_field(tiny_qwen3_dir, tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "Count to five."}]}) + "\n")
+    out = tmp_path / "custom"
+    args = ["run", "--method", "ngram", "--task", "custom", "--data-path", str(data), "--target", str(tiny_qwen3_dir),
+            "--max-new-tokens", "8", "--out", str(out)]
+    assert run_cli(*args).exit_code == 0
+    stored = json.loads((out / "run.json").read_text())["data_sha256"]
+    assert stored == hashlib.sha256(data.read_bytes()).hexdigest()
+    data.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "Count to six."}]}) + "\n")
+    result = run_cli(*args, "--resume")
+    assert result.exit_code == 2 and "data_sha256 differs from the stored run" in result.output
+
+
+def test_threads_are_set_and_recorded(tiny_qwen3_dir, tmp_path):
+    out = tmp_path / "threads"
+    try:
+        result = run_cli("run", "--method", "ngram", "--task", "mt-bench", "--target", str(tiny_qwen3_dir),
+                         "--limit", "1", "--max-new-tokens", "4", "--threads", "2", "--out", str(out))
+        assert result.exit_code == 0, result.output
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)
+    assert json.loads((out / "run.json").read_text())["threads"] == 2
+
+
+def test_plan_is_printed_before_the_run(tiny_qwen3_dir, tmp_path):
+    result = run_cli(*base_args(tiny_qwen3_dir, tmp_path / "plan"))
+    assert result.exit_code == 0, result.output
+    plan = next(line for line in result.output.splitlines() if line.startswith("plan:"))
+    assert "2 of 2 samples × 4 turns × 2 methods (ar, ngram) = 8 turn decodes" in plan
+    assert "≤ 192 new tokens" in plan and "ms per target forward, measured" in plan
+    result = run_cli(*base_args(tiny_qwen3_dir, tmp_path / "plan"), "--resume")
+    assert "0 of 2 samples" in result.output and "(4 finished pairs skipped)" in result.output
+
+
+# ---- pure pieces ------------------------------------------------------------------------------------------------
+STORED = {"methods": ["dspark", "ar"], "k": 4, "tokenizer_sha256": "a", "threads": 1, "sample_ids": ["x", "y"],
+          "method_options": {"dspark": {"confidence_threshold": 0.5}}, "drafter_sha256": {"dspark": "d", "ar": None},
+          "drafters": {"dspark": {"checkpoint_sha256": "d"}, "ar": {}}, "environment": {"started_at": "first"}}
+
+
+@pytest.mark.parametrize("change, line", [
+    ({"tokenizer_sha256": "b"}, "tokenizer_sha256 differs from the stored run ('a' → 'b')"),
+    ({"threads": 4}, "threads differs"),
+    ({"sample_ids": ["x"]}, "sample_ids differs"),
+    ({"method_options": {}}, "method_options of method dspark differs"),
+    ({"method_options": {"dspark": {"confidence_threshold": 0.7}}}, "method_options of method dspark differs"),
+    ({"drafter_sha256": {"dspark": "e", "ar": None}}, "drafter_sha256 of method dspark differs"),
+])
+def test_differences_name_the_field(change, line):
+    assert differences(STORED, {**STORED, **change})[0].startswith(line)
+
+
+def test_added_methods_join_the_stored_config_and_the_environment_is_kept():
+    current = {**STORED, "methods": ["ngram", "ar"], "drafter_sha256": {"ngram": None, "ar": None},
+               "drafters": {"ngram": {"max_ngram": 3}, "ar": {}}, "method_options": {},
+               "environment": {"started_at": "second"}, "sample_ids": ["y", "x"]}
+    assert differences(STORED, current) == []  # shared method ar agrees; the order of the ids does not matter
+    merged = resumed_config(STORED, current)
+    assert merged["methods"] == ["dspark", "ar", "ngram"]
+    assert merged["drafters"] == {"dspark": {"checkpoint_sha256": "d"}, "ar": {}, "ngram": {"max_ngram": 3}}
+    assert merged["environment"] == {"started_at": "first"}
+    assert merged["resumes"] == [{"methods": ["ngram", "ar"], "added_methods": ["ngram"],
+                                  "environment": {"started_at": "second"}}]
+    again = resumed_config(merged, {**current, "environment": {"started_at": "third"}})
+    assert [r["environment"]["started_at"] for r in again["resumes"]] == ["second", "third"]
+
+
+def test_resume_command_names_the_directory():
+    argv = ["run", "--method", "ngram", "--out=results/x-1", "--limit", "3", "--task", "mt bench"]
+    assert resume_command(argv, Path("results/x-1")) == \
+        "evalsuite run --method ngram --limit 3 --task 'mt bench' --out results/x-1 --resume"
+    assert resume_command(["run", "--resume", "--out", "a"], Path("a")) == "evalsuite run --out a --resume"
+    assert resume_command(["run"], Path("results/gsm8k-ar-20260101")) == \
+        "evalsuite run --out results/gsm8k-ar-20260101 --resume"
+
+
+def test_a_run_json_without_finished_pairs_may_be_started_over(tmp_path, tiny_qwen3_dir):
+    """A run killed before its first pair finished holds only run.json: a plain rerun may start over."""
+    out = tmp_path / "empty"
+    RunStore(out).prepare()
+    RunStore(out).write_config({"k": 99})
+    result = run_cli(*base_args(tiny_qwen3_dir, out))
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "run.json").read_text())["k"] == 4
+
+
+# ---- SIGKILL at random points, then --resume (the real CLI in subprocesses) -------------------------------------
+@pytest.fixture(scope="module")
+def kill_resume_script():
+    spec = importlib.util.spec_from_file_location("kill_resume", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _kill_resume(module, target_dir, tmp_path, kills: int, max_new_tokens: int):
+    outcome = module.main(["--kills", str(kills), "--seed", "0", "--target", str(target_dir), "--max-new-tokens",
+                           str(max_new_tokens), "--work", str(tmp_path)])
+    assert outcome.kills == kills and len(outcome.pairs_at_kill) == kills
+    assert outcome.reference_rows > 0
+    assert (outcome.rows_lost, outcome.rows_duplicated, outcome.rows_extra, outcome.rows_differing,
+            outcome.leftovers) == (0, 0, 0, 0, 0), outcome.describe()
+    return outcome
+
+
+def test_sigkill_at_a_few_random_points_then_resume(kill_resume_script, tiny_llama_dir, tmp_path):
+    _kill_resume(kill_resume_script, tiny_llama_dir, tmp_path, kills=2, max_new_tokens=48)
+
+
+@pytest.mark.integration
+def test_sigkill_at_20_random_points_then_resume(kill_resume_script, tiny_llama_dir, tmp_path):
+    outcome = _kill_resume(kill_resume_script, tiny_llama_dir, tmp_path, kills=20, max_new_tokens=64)
+    assert max(outcome.pairs_at_kill) > 0  # some kills landed after pairs had finished, mid-run
