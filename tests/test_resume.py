@@ -215,6 +215,22 @@ def test_plan_is_printed_before_the_run(tiny_qwen3_dir, tmp_path):
     assert "0 of 2 samples" in result.output and "(4 finished pairs skipped)" in result.output
 
 
+def test_an_interrupt_prints_the_exact_command_to_continue(tiny_qwen3_dir, tmp_path, monkeypatch):
+    def interrupted(self, progress=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(Runner, "run", interrupted)
+    args = ["run", "--method", "ngram", "--task", "mt-bench", "--target", str(tiny_qwen3_dir), "--limit", "1"]
+    monkeypatch.setattr(sys, "argv", ["evalsuite", *args])
+    result = cli.invoke(app, args)
+    assert result.exit_code == 130
+    (run_dir,) = (tmp_path / "results").iterdir()  # the default --out has a timestamp
+    command = result.output.strip().splitlines()[-1]
+    assert command == (f"evalsuite run --method ngram --task mt-bench --target {tiny_qwen3_dir} --limit 1 "
+                       f"--out results/{run_dir.name} --resume")
+
+
 # ---- pure pieces ------------------------------------------------------------------------------------------------
 STORED = {"methods": ["dspark", "ar"], "k": 4, "tokenizer_sha256": "a", "threads": 1, "sample_ids": ["x", "y"],
           "method_options": {"dspark": {"confidence_threshold": 0.5}}, "drafter_sha256": {"dspark": "d", "ar": None},
