@@ -56,6 +56,7 @@ def make_plan(runner) -> Plan:
 def measure_forward(target, context: int = 64, repeats: int = 5) -> float:
     """Median seconds of a one-token target forward after a short context (the first calls are not timed)."""
     cache = target.new_cache()
+    target.reserve(cache, context + repeats + 2)
     ids = torch.arange(context, device=target.device) % max(target.vocab_size, 1)
     target.forward(ids, cache, last_only=True)
     token = ids[-1:].clone()
