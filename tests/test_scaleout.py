@@ -146,11 +146,11 @@ def test_resume_after_a_driver_crash_fills_only_the_missing_trajectories(cluster
     # a run started on 2 workers resumes with any number: here in this process, without Ray
     result = cli.invoke(app, run_args(tiny_target, out, "--resume"), catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    assert f"{SAMPLES - len(finished)} to run" in " ".join(result.output.split())
+    assert f"plan: {SAMPLES - len(finished)} of {SAMPLES} samples" in " ".join(result.output.split())
     after = parts(out)
     assert all(after[n] == before[n] for s in finished for n in pair_parts[s]), "finished ones must not rerun"
     assert_same_records(out, reference)
-    assert json.loads((out / "run.json").read_text())["resumed_from"]
+    assert json.loads((out / "run.json").read_text())["resumes"]
 
 
 def test_one_worker_runs_in_process_without_importing_ray(tiny_llama_dir, tmp_path):
