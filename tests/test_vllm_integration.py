@@ -56,7 +56,7 @@ def test_vllm_records_have_our_schema_plus_engine(runs):
     assert len(turns) == (4 if task == "gsm8k" else 6)
     assert steps.step_s.isna().all() and steps.verify_s.isna().all()  # vLLM has no per-step time: null
     decoded = turns[turns.stop_reason != "skipped"]
-    assert (decoded.decode_s > 0).all() and decoded.speedup.notna().all()
+    assert (decoded.decode_s > 0).all() and decoded.speedup_turn.notna().all()
     for row in decoded.itertuples():  # the rebuilt steps tile the output: prefill token + every emitted one
         mine = steps[(steps.method == row.method) & (steps.sample_id == row.sample_id) & (steps.turn == row.turn)]
         assert 1 + mine.emitted.sum() == row.new_tokens
