@@ -423,6 +423,9 @@ def train(
     threads: Optional[int] = typer.Option(None, help="torch threads (default: torch's choice; 1 is far faster "
                                                      "on a busy, oversubscribed CPU)."),
     prepare_only: bool = typer.Option(False, help="Stop after prompts, replies and the feature cache."),
+    init: Optional[Path] = typer.Option(None, "--init", help="Warm start from a released checkpoint of the same "
+                                                            "method and sizes (e.g. baselines/drafters/dlite); its "
+                                                            "sha256 goes in the card."),
 ):
     """Train a drafter for a target on target-regenerated data; resumes after an interruption."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
@@ -449,6 +452,7 @@ def train(
         generation=GenerationOptions(max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
                                      batch_size=gen_batch),
         heldout_extra=list(heldout_extra), loop=LoopOptions(seed=seed, threads=threads), prepare_only=prepare_only,
+        init=init,
     )
 
     def bar():

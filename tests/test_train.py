@@ -17,6 +17,7 @@ from evalsuite.testing import build_tiny_target
 from evalsuite.train.data import PromptOptions
 from evalsuite.train.features import FeatureCache
 from evalsuite.train.generate import GenerationOptions
+from evalsuite.errors import UserError
 from evalsuite.train.loop import LoopOptions, Trainer, sample_batch, split_sequences
 from evalsuite.train.pipeline import METHODS, TrainRequest, build_recipe, train
 from evalsuite.train.recipes.common import parse_overrides
@@ -135,3 +136,50 @@ def test_the_dlite_head_warm_start_learns_the_targets_greedy_tokens(setup, tmp_p
     assert fitted["last_loss"] < 0.8 * fitted["first_loss"]
     assert fitted["held_back_greedy_accuracy"] > untouched["held_back_greedy_accuracy"]
     assert not A.requires_grad and not B.requires_grad
+
+
+@pytest.mark.parametrize("method", ["dlite", "eagle3", "dflash", "dspark"])
+def test_init_warm_starts_from_a_released_checkpoint(setup, tmp_path, method):
+    """`--init DIR` copies a released checkpoint of the same method into the trained module before step 1: the
+    recipe's export then writes those exact tensors back; the card names the checkpoint's sha256."""
+    from safetensors.torch import load_file
+
+    overrides = {**SMALL[method], **({"single_stage": "true"} if method == "dlite" else {})}
+    first = tmp_path / "first"
+    req = request(setup, method, first, steps=4)
+    req.overrides = overrides
+    train(req)
+    target, cache, _, train_seqs = _recipe(setup, method)
+    recipe = build_recipe(method, target, cache, parse_overrides(METHODS[method][0], {**overrides, "seed": "5"},
+                                                                 method), train_seqs)
+    info = recipe.load_init(first)
+    assert info["checkpoint_sha256"] == checkpoint_sha256(first) and info["from"] == "first"
+    recipe.export(tmp_path / "again")
+    saved, again = load_file(str(first / "model.safetensors")), load_file(str(tmp_path / "again" / "model.safetensors"))
+    assert saved.keys() == again.keys()
+    for key in saved:
+        torch.testing.assert_close(again[key], saved[key], rtol=0, atol=0, msg=key)
+    if method == "eagle3":  # the label mapping follows the loaded draft vocabulary
+        vocab = recipe.model.d2t + torch.arange(recipe.model.d2t.numel())
+        assert torch.equal(recipe.to_draft[vocab], torch.arange(vocab.numel()))
+        assert int((recipe.to_draft >= 0).sum()) == vocab.numel()
+
+    # through the pipeline: the card names the warm start
+    second = tmp_path / "second"
+    req = request(setup, method, second, steps=2)
+    req.overrides, req.init = overrides, first
+    report = train(req)
+    assert report["init"]["checkpoint_sha256"] == checkpoint_sha256(first)
+    assert checkpoint_sha256(first) in (second / "MODEL_CARD.md").read_text()
+
+
+def test_init_refuses_another_method_and_the_two_stage_dlite(setup, tmp_path):
+    other = tmp_path / "eagle"
+    req = request(setup, "eagle3", other, steps=2)
+    train(req)
+    _, _, recipe, _ = _recipe(setup, "dflash")
+    with pytest.raises(UserError, match="a eagle3 checkpoint, not dflash"):
+        recipe.load_init(other)
+    _, _, dlite, _ = _recipe(setup, "dlite")  # SMALL dlite is two-stage
+    with pytest.raises(UserError, match="single_stage=true"):
+        dlite.load_init(other)

@@ -188,16 +188,39 @@ def test_trajectories_of_evaluation_samples_and_overlapping_contexts_are_dropped
         assert not any(heldout.overlaps(text, ignore_template=True) for _, text in conv.messages)
 
 
-def test_the_shared_training_sets_hold_out_every_evaluation_id(heldout):
-    """The bundled SWE-agent training file (when this machine has it) holds no evaluation instance id."""
+def test_boilerplate_common_to_training_trajectories_is_no_sample_text(tmp_path, heldout):
+    """An evaluation sample's 13-gram that >= 3 training trajectories also hold (shell output headers, repository
+    source) does not drop a context; one that only 1-2 trajectories hold (a leak) does."""
+    swebench = get_task("swebench").load(LoadOptions())
+    spans = [w[i:i + 13] for w in map(data._words, data.trajectory_texts(swebench[4])) for i in range(len(w) - 12)]
+    own = [" ".join(g) for g in spans if data._gram_hash(g) not in heldout.template]
+    common, rare = own[0], own[-1]
+    assert data._gram_hash(common.split()) != data._gram_hash(rare.split())
+    rows = agent_rows("t", 6, seed=21)
+    for row in rows[:3]:  # the common span sits in three trajectories' observations
+        row["messages"][3]["content"] += " " + common
+    rows[3]["messages"][3]["content"] += " " + rare  # the rare one in one trajectory only
+    path = write_jsonl(tmp_path / "swe.jsonl", rows)
+    selected = data.select_prompts([f"swe:{path}"], heldout,
+                                   data.PromptOptions(num_prompts=100, max_context_tokens=100_000, max_per_trajectory=10))
+    cuts = {}
+    for conv in selected.conversations:
+        traj, cut = conv.conv_id.removeprefix("swe-").rsplit("-m", 1)
+        cuts.setdefault(traj, []).append(int(cut))
+    assert max(cuts["t-0"]) > 3 and max(cuts["t-2"]) > 3  # past the common span: kept
+    assert cuts["t-3"] == [2]  # the rare span drops every context that holds it
+    assert selected.stats["mixture"]["swe"]["common_heldout_ngrams_ignored"] >= 1
+
+
+def test_the_bundled_training_sets_hold_out_every_evaluation_id(heldout):
+    """The agent trajectories shipped for training hold no evaluation instance id."""
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "shared/data/swebench_train_trajectories" / \
-        "mini-swe-agent_gemini-3-pro_train.jsonl.gz"
-    if not path.exists():
-        pytest.skip("the shared SWE-agent training file is not on this machine")
-    ids = {traj_id for traj_id, _ in mixture.load_trajectories(str(path))}
-    assert len(ids) == 414 and not ids & heldout.sample_ids()
+    root = Path(__file__).resolve().parents[1] / "baselines/drafters/training-data"
+    swe = {traj_id for traj_id, _ in mixture.load_trajectories(str(root / "mini-swe-agent_gemini-3-pro_train.jsonl.gz"))}
+    tau = {traj_id for traj_id, _ in mixture.load_trajectories(str(root / "gpt-4o-airline.jsonl.gz"))}
+    assert len(swe) == 414 and len(tau) == 200
+    assert not (swe | tau) & heldout.sample_ids()
 
 
 # ---- long contexts and the card ---------------------------------------------------------------------------------

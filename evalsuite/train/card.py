@@ -53,7 +53,8 @@ def write_model_card(out_dir: Path, report: dict, config: dict) -> Path:
         f"tokens of which {data['reply_tokens']:,} reply tokens; {data['eos_replies']} replies end with EOS, the "
         "rest at the max-new-tokens cap",
         f"- held-out list: every registered evaluation task's samples "
-        f"({json.dumps(heldout['samples_per_task'], sort_keys=True)}), rule: {heldout['rule']}; "
+        f"({json.dumps(heldout['samples_per_task'], sort_keys=True)}), rule: {heldout['rule']}"
+        f"{'; agent trajectories: ' + heldout['trajectory_rule'] if heldout.get('trajectory_rule') else ''}; "
         f"tasks whose data was unavailable offline (so none of it can be in the training data either): "
         f"{', '.join(sorted(heldout['unavailable_tasks'])) or 'none'}",
         f"- target features: layers {report.get('feature_layers', recipe.get('target_layer_ids'))}, fp16, top-"
@@ -63,6 +64,9 @@ def write_model_card(out_dir: Path, report: dict, config: dict) -> Path:
         f"- {report['steps']} steps in {report['training_seconds'] / 60:.1f} min on this machine's CPU "
         f"(torch threads {report['torch_threads']}); stages:",
     ]
+    if report.get("init"):
+        lines.insert(len(lines) - 1, f"- warm start (`--init`): the released checkpoint `{report['init']['from']}` "
+                                     f"(drafter sha256 `{report['init']['checkpoint_sha256']}`)")
     for stage in report["stages"]:
         lines.append(f"  - {stage['name']}: {stage['steps']} steps, peak lr {stage['lr']}, "
                      f"{stage['batch_seqs']} sequences × {stage['anchors_per_seq']} anchors per step")

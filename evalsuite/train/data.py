@@ -212,11 +212,13 @@ class HeldOut:
         digest = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
         self.samples.append({"task": task, "sample_id": sample_id, "prompt_sha256": digest})
 
-    def overlaps(self, text: str, ignore_template: bool = False) -> bool:
+    def overlaps(self, text: str, ignore_template: bool = False, ignore: frozenset[int] | set[int] = frozenset()) -> bool:
+        """`ignore`: more n-grams that are no sample's own text (e.g. boilerplate common to many training
+        trajectories, TrajectoryStream)."""
         words = _words(text)
         for i in range(len(words) - NGRAM + 1):
             gram = _gram_hash(words[i:i + NGRAM])
-            if gram in self.grams and not (ignore_template and gram in self.template):
+            if gram in self.grams and not (ignore_template and gram in self.template) and gram not in ignore:
                 return True
         for length, texts in self.short.items():
             for i in range(len(words) - length + 1):
@@ -235,7 +237,9 @@ class HeldOut:
                 "trajectory_rule": f"drop a whole training trajectory whose id is an evaluation sample id; drop a "
                                    f"context sharing a {NGRAM}-word n-gram with any held-out text, except n-grams "
                                    f"found in >= {TEMPLATE_MIN_SAMPLES} samples of one task (templates, system "
-                                   f"prompts)"}
+                                   f"prompts) or in >= {TEMPLATE_MIN_SAMPLES} trajectories of the training source "
+                                   f"(agent and environment boilerplate: shell output headers, reproduction-script "
+                                   f"set-up, repository source shared by every trajectory on that repository)"}
 
 
 def trajectory_texts(trajectory) -> list[str]:

@@ -24,7 +24,12 @@ Kinds of file, told apart by their records:
 Held out, for trajectories: a trajectory whose id is an evaluation sample id (with or without the task prefix)
 is dropped whole; a context is dropped when any of its messages shares a 13-word n-gram with an evaluation
 sample, ignoring the n-grams found in at least 3 samples of one task (prompt templates and agent system prompts,
-which every SWE-agent trajectory shares with the evaluation ones: no sample's own text).
+which every SWE-agent trajectory shares with the evaluation ones: no sample's own text) and the held-out n-grams
+found in at least 3 trajectories of the training file (agent and environment boilerplate such as
+`returncode 1 ... traceback (most recent call last)`, the `django.conf.settings.configure` set-up of a
+reproduction script, or repository source printed by every trajectory on that repository: with 30 SWE-Bench
+evaluation samples such text reaches fewer than 3 of them, and the first rule alone dropped ~87 % of SWE-agent
+contexts). A sample's own text (its issue statement, its agent's reasoning) is in no other trajectory.
 """
 
 from __future__ import annotations
@@ -152,6 +157,22 @@ def load_trajectories(location: str) -> list[tuple[str, list[dict]]]:
     return found
 
 
+def common_heldout_grams(trajectories: list[list[str]], heldout: HeldOut) -> set[int]:
+    """Held-out n-grams found in >= TEMPLATE_MIN_SAMPLES of the given trajectories (each a list of message texts)."""
+    counts: dict[int, int] = {}
+    for texts in trajectories:
+        found = set()
+        for text in texts:
+            words = data_mod._words(text)
+            for i in range(len(words) - data_mod.NGRAM + 1):
+                gram = data_mod._gram_hash(words[i:i + data_mod.NGRAM])
+                if gram in heldout.grams:
+                    found.add(gram)
+        for gram in found:
+            counts[gram] = counts.get(gram, 0) + 1
+    return {gram for gram, n in counts.items() if n >= data_mod.TEMPLATE_MIN_SAMPLES}
+
+
 class TrajectoryStream:
     """Held-out-checked training contexts cut from one file of agent trajectories, in draw order."""
 
@@ -178,6 +199,8 @@ class TrajectoryStream:
             rng.shuffle(cuts)
             per_trajectory.append((traj_id, messages, texts, cuts[: options.max_per_trajectory]))
         self.stats["candidates"] = sum(len(c) for *_, c in per_trajectory)
+        self.common = common_heldout_grams([texts for _, _, texts, _ in per_trajectory], heldout)
+        self.stats["common_heldout_ngrams_ignored"] = len(self.common)
         self.order = [(t, r) for r in range(options.max_per_trajectory) for t in range(len(per_trajectory))
                       if r < len(per_trajectory[t][3])]
         self.per_trajectory = per_trajectory
@@ -187,7 +210,8 @@ class TrajectoryStream:
 
     def _touches(self, t: int, i: int) -> bool:
         if (t, i) not in self.overlap:
-            self.overlap[(t, i)] = self.heldout.overlaps(self.per_trajectory[t][2][i], ignore_template=True)
+            self.overlap[(t, i)] = self.heldout.overlaps(self.per_trajectory[t][2][i], ignore_template=True,
+                                                           ignore=self.common)
         return self.overlap[(t, i)]
 
     def next_main(self) -> Conversation | None:

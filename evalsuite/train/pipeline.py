@@ -61,6 +61,7 @@ class TrainRequest:
     command: str = ""
     prepare_only: bool = False  # stop after the feature cache (lets parallel trainings share a finished cache)
     max_seq_len: int = 0  # feature cache: keep the last N positions of each sequence (0 = whole); FeatureSpec
+    init: Path | None = None  # warm start from a released checkpoint of the same method and sizes
 
 
 @dataclass
@@ -204,6 +205,7 @@ def train(request: TrainRequest, reporter: Reporter = Reporter()) -> dict:
         return {"data": data_stats, "timings_s": timings}
     train_seqs, val_seqs = split_sequences(cache, request.loop.val_fraction, request.loop.seed)
     recipe = build_recipe(request.method, target, cache, options, train_seqs)
+    init = recipe.load_init(Path(request.init)) if request.init is not None else None
     trainer = Trainer(request.out, cache, recipe.modules(), recipe.stages(steps), request.loop, recipe.validate,
                       reporter.progress)
     reporter.say(f"training {request.method}: {steps} steps on {len(train_seqs)} sequences "
@@ -224,7 +226,7 @@ def train(request: TrainRequest, reporter: Reporter = Reporter()) -> dict:
         "command": request.command or shlex.join(["evalsuite"] + sys.argv[1:]),
         "torch_threads": torch.get_num_threads(), "data_sources": [_no_dirs(d) for d in request.data],
         "max_seq_len": request.max_seq_len, "feature_layers": list(cache.layers),
-        "topk": request.topk, "generation": asdict(request.generation),
+        "topk": request.topk, "generation": asdict(request.generation), "init": init,
     }
     write_json(Path(request.out) / "training_report.json", report)
     from evalsuite.train.card import write_model_card

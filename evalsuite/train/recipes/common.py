@@ -117,6 +117,26 @@ class Recipe:
         """Write config.json + model.safetensors in the released format; return the config."""
         raise NotImplementedError
 
+    def released_module(self) -> tuple[nn.Module, tuple[str, ...]]:
+        """The module whose state_dict `export` writes, and the key prefixes it leaves out (frozen target parts)."""
+        raise NotImplementedError
+
+    def load_init(self, directory: Path) -> dict:
+        """Warm start: copy a released checkpoint of this method and these sizes into the trained module.
+
+        Keys and shapes must match exactly (a one-line error names the first that differ)."""
+        from evalsuite.methods.checkpoints import checkpoint_sha256, detect_method, load_state_dict, load_weights, \
+            read_config
+
+        directory = Path(directory)
+        found = detect_method(read_config(directory))
+        if found != self.method:
+            raise UserError(f"--init {directory}: a {found} checkpoint, not {self.method}")
+        module, left_out = self.released_module()
+        state = load_state_dict(directory, device=next(module.parameters()).device)
+        load_weights(module, state, f"--init {directory.name} ({self.method})", optional=left_out)
+        return {"from": directory.name, "checkpoint_sha256": checkpoint_sha256(directory)}
+
     def describe(self) -> dict:
         return {}
 

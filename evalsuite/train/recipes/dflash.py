@@ -138,6 +138,9 @@ class DFlashRecipe(Recipe):
         save_checkpoint(out_dir, config, self.model.state_dict())
         return config
 
+    def released_module(self):
+        return self.model, ()
+
     def describe(self) -> dict:
         return {"options": asdict(self.options), "parameters": param_count(self.model),
                 "training_vocabulary": int(self.sub.ids.numel()) if self.sub is not None else self.target.vocab_size,

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from evalsuite.errors import UserError
 from evalsuite.methods.dlite import DLiteModel, DLiteSettings, SequentialHead, block_positions, dlite_layer_ids
 from evalsuite.methods.draft_layers import RMSNorm, default_mask_token_id, init_random_, qwen3_config
 from evalsuite.train import losses
@@ -315,6 +316,15 @@ class DLiteRecipe(Recipe):
         )
         save_checkpoint(out_dir, config, self.student.state_dict())
         return config
+
+    def released_module(self):
+        return self.student, ()
+
+    def load_init(self, directory: Path) -> dict:
+        if self.teacher is not None:
+            raise UserError("--init warm-starts the DLite student only, and the two-stage recipe would replace its "
+                            "head with a new teacher's: add --set single_stage=true")
+        return super().load_init(directory)
 
     def describe(self) -> dict:
         return {"options": asdict(self.options), "student_parameters": param_count(self.student),

@@ -97,6 +97,7 @@ class Eagle3Recipe(Recipe):
         self.to_draft = torch.full((target.vocab_size,), -1, dtype=torch.long, device=self.device)
         self.to_draft[vocab.to(self.device)] = torch.arange(vocab.numel(), device=self.device)
         self.read = SequenceReader(cache, self.ids, "eagle3", self.device)
+        self.train_sequences = train_sequences
         self.vocab_coverage = self._coverage(cache, train_sequences)
 
     def _coverage(self, cache: FeatureCache, sequences: list[int]) -> float:
@@ -170,6 +171,18 @@ class Eagle3Recipe(Recipe):
         state = {k: v for k, v in self.model.state_dict().items() if not k.startswith("embed_tokens")}
         save_checkpoint(out_dir, self.config, state)
         return self.config
+
+    def released_module(self):
+        return self.model, ("embed_tokens",)
+
+    def load_init(self, directory: Path) -> dict:
+        """The warm start brings its own draft vocabulary (d2t): the label mapping follows it."""
+        info = super().load_init(directory)
+        vocab = (self.model.d2t + torch.arange(self.model.d2t.numel(), device=self.model.d2t.device)).to(self.device)
+        self.to_draft.fill_(-1)
+        self.to_draft[vocab] = torch.arange(vocab.numel(), device=self.device)
+        self.vocab_coverage = self._coverage(self.read.cache, self.train_sequences)
+        return info
 
     def describe(self) -> dict:
         return {"options": asdict(self.options),
