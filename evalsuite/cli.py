@@ -413,6 +413,11 @@ def train(
     max_seq_len: int = typer.Option(0, help="Feature cache: keep only the last N positions of each sequence (its "
                                             "reply whole), computed over the full context; 0 = whole sequences."),
     gen_batch: int = typer.Option(32, help="Prompts per batched generate call."),
+    agent_labels: str = typer.Option("regenerated", help="Labels of agent-trajectory contexts: 'regenerated' (the "
+                                                         "target writes each reply) or 'logged' (the logged agent "
+                                                         "reply, labelled by the target's own predictions in the "
+                                                         "feature pass: no generation; see "
+                                                         "benchmarks/label_sources.py)."),
     heldout_extra: list[Path] = typer.Option([], help="Extra evaluation data (files or dirs) whose text must "
                                                       "never be trained on, beyond the registered tasks."),
     work_dir: Optional[Path] = typer.Option(None, help="Where prompts, replies and the feature cache go "
@@ -450,7 +455,7 @@ def train(
                               max_per_trajectory=max_per_trajectory),
         max_seq_len=max_seq_len,
         generation=GenerationOptions(max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
-                                     batch_size=gen_batch),
+                                     batch_size=gen_batch, agent_labels=agent_labels),
         heldout_extra=list(heldout_extra), loop=LoopOptions(seed=seed, threads=threads), prepare_only=prepare_only,
         init=init,
     )

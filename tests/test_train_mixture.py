@@ -9,6 +9,7 @@ import json
 import random
 
 import numpy as np
+import torch
 import pytest
 
 from evalsuite.errors import UserError
@@ -252,3 +253,51 @@ def test_long_context_training_keeps_the_tail_and_records_the_data_hash(tmp_path
     for path in (chat, agents):
         assert hashlib.sha256(path.read_bytes()).hexdigest() in card and path.name in card
     assert str(tmp_path) not in json.dumps(report["data_sources"])
+
+
+def test_logged_labels_feed_the_agent_reply_and_label_it_with_the_targets_predictions(tmp_path):
+    """--agent-labels logged: a trajectory context's response is its logged assistant reply, rendered through the
+    target's template (nothing generated); the feature cache labels it with the target's own greedy predictions.
+    Chat prompts are still regenerated."""
+    from evalsuite.target import TargetModel
+    from evalsuite.testing import build_tiny_target
+    from evalsuite.train.features import FeatureCache
+    from evalsuite.train.generate import GenerationOptions, read_sequences
+    from evalsuite.train.loop import LoopOptions
+    from evalsuite.train.pipeline import TrainRequest, train
+
+    target_dir = build_tiny_target(tmp_path / "target", "llama", layers=8)
+    chat = write_jsonl(tmp_path / "chat.jsonl", chat_rows(6))
+    rows = agent_rows("a", 4, turns=3)
+    agents = write_jsonl(tmp_path / "agents.jsonl", rows)
+    request = TrainRequest(
+        method="eagle3", target=str(target_dir), data=[f"{chat}:0.5", f"agents:{agents}:0.5"], out=tmp_path / "d",
+        work_dir=tmp_path / "work", steps=2,
+        overrides={"batch_seqs": "2", "draft_vocab_size": "96", "intermediate_size": "64"},
+        prompts=data.PromptOptions(num_prompts=8, max_context_tokens=1200, extra_math_prompts=0),
+        generation=GenerationOptions(max_prompt_tokens=1200, max_new_tokens=12, batch_size=4, agent_labels="logged"),
+        loop=LoopOptions(val_every=2, val_anchors=8, val_fraction=0.2, checkpoint_every=2))
+    report = train(request)
+    target = TargetModel.load(str(target_dir))
+    by_traj = {r["id"]: r["messages"] for r in rows}
+    sequences = read_sequences(tmp_path / "work" / "responses.jsonl")
+    logged = [s for s in sequences if s.labels == "logged"]
+    assert logged and all(s.conv_id.startswith("agents-") for s in logged)
+    assert all(s.labels == "regenerated" for s in sequences if not s.conv_id.startswith("agents-"))
+    for seq in logged:
+        traj, cut = seq.conv_id.removeprefix("agents-").rsplit("-m", 1)
+        reply = by_traj[traj][int(cut)]["content"]
+        expected = target.tokenizer(reply, add_special_tokens=False)["input_ids"][:12]
+        assert seq.response_ids[:len(expected)] == expected[:len(seq.response_ids)]  # the logged text, capped
+        assert len(seq.response_ids) <= 12
+    assert report["data"]["logged_label_sequences"] == len(logged)
+    cache = FeatureCache(tmp_path / "work" / "features")
+    ids = [s.conv_id for s in sequences]
+    i = ids.index(logged[0].conv_id)
+    start, prompt_end, end = cache.span(i)
+    full = logged[0].prompt_ids + logged[0].response_ids
+    with torch.no_grad():
+        preds = target.model(input_ids=torch.tensor([full])).logits[0].argmax(-1)
+    # the label at each reply position is the target's own prediction over the logged text
+    assert np.array_equal(np.asarray(cache.greedy[prompt_end - 1:end - 1]),
+                          preds[len(logged[0].prompt_ids) - 1:len(full) - 1].numpy())

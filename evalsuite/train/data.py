@@ -54,6 +54,7 @@ class Conversation:
     source: str
     messages: tuple[tuple[str, str], ...]  # (role, content) pairs; tool calls flattened into the content text
     payload: str = ""  # JSON of the exact messages when they carry more than role and content (tool calls, names)
+    logged_reply: str = ""  # agent trajectories: JSON of the logged assistant message that followed this context
 
     def as_messages(self) -> list[dict]:
         if self.payload:
@@ -331,8 +332,10 @@ class PromptSet:
     def write(self, path: Path) -> None:
         with open(path, "w") as fh:
             for conv in self.conversations:
-                fh.write(json.dumps({"conv_id": conv.conv_id, "source": conv.source,
-                                     "messages": conv.as_messages()}) + "\n")
+                record = {"conv_id": conv.conv_id, "source": conv.source, "messages": conv.as_messages()}
+                if conv.logged_reply:
+                    record["logged_reply"] = json.loads(conv.logged_reply)
+                fh.write(json.dumps(record) + "\n")
 
     @staticmethod
     def read(path: Path) -> list[Conversation]:
@@ -343,7 +346,9 @@ class PromptSet:
             plain = all(set(m) == {"role", "content"} and isinstance(m["content"], str) for m in messages)
             found.append(Conversation(record["conv_id"], record["source"],
                                       tuple((m["role"], message_text(m)) for m in messages),
-                                      "" if plain else json.dumps(messages, ensure_ascii=False)))
+                                      "" if plain else json.dumps(messages, ensure_ascii=False),
+                                      json.dumps(record["logged_reply"], ensure_ascii=False)
+                                      if record.get("logged_reply") else ""))
         return found
 
 

@@ -32,6 +32,9 @@ class GenerationOptions:
     # cap on (prompt width + max_new_tokens) x prompts per generate call: long agent contexts (2k-8k tokens) go a
     # few at a time; short chat prompts still go batch_size at a time
     batch_tokens: int = 20480
+    # labels of agent-trajectory contexts: "regenerated" (the target writes the reply) or "logged" (the logged agent
+    # reply is fed teacher-forced; the feature pass then labels every position with the target's own prediction)
+    agent_labels: str = "regenerated"
 
 
 @dataclass
@@ -40,6 +43,7 @@ class Sequence:
     prompt_ids: list[int]
     response_ids: list[int]  # ends with a stop token unless `stop` is "length"
     stop: str
+    labels: str = "regenerated"  # "logged": response_ids are the logged agent reply (labels = target predictions)
 
     @property
     def ids(self) -> list[int]:
@@ -109,3 +113,47 @@ def regenerate(target, conversations: list[Conversation], out_path: Path, option
             progress(len(batch), batch_tokens)
     return {"generated": len(todo), "skipped_too_long": too_long, "already_done": len(done),
             "new_tokens": new_tokens}
+
+
+def logged_replies(target, conversations: list[Conversation], out_path: Path, options: GenerationOptions) -> dict:
+    """Append each agent context with its *logged* reply (rendered through the target's template, as the
+    evaluation renders assistant turns; cut at the first stop token, at most max_new_tokens) to `out_path`.
+
+    No generation: the feature pass's teacher-forced forward labels every reply position with the target's own
+    greedy prediction over the logged text (`benchmarks/label_sources.py` compares this with regeneration)."""
+    done = {s.conv_id for s in read_sequences(out_path)}
+    stops = target.stop_ids
+    written = too_long = tokens = 0
+    with open(out_path, "a") as fh:
+        for conv in conversations:
+            if conv.conv_id in done or not conv.logged_reply:
+                continue
+            context = conv.as_messages()
+            reply = json.loads(conv.logged_reply)
+            messages, _ = fit_to_template(context, None, target.chat_template or "")
+            ids = target.render(messages)
+            if len(ids) > options.max_prompt_tokens:
+                too_long += 1
+                continue
+            both, _ = fit_to_template(context + [reply], None, target.chat_template or "")
+            text = target.tokenizer.apply_chat_template(both, tokenize=False, add_generation_prompt=False)
+            full = target.tokenizer(text, add_special_tokens=False)["input_ids"]
+            if full[:len(ids)] == ids:
+                response = full[len(ids):]
+            else:  # the template renders the history differently once a reply follows: take the reply's own text
+                response = target.tokenizer(both[-1].get("content") or "", add_special_tokens=False)["input_ids"]
+                response.append(target.tokenizer.eos_token_id)
+            stop = "length"
+            for i, token in enumerate(response):
+                if token in stops:
+                    response, stop = response[:i + 1], "eos"
+                    break
+            if len(response) > options.max_new_tokens:
+                response, stop = response[:options.max_new_tokens], "length"
+            if not response:
+                continue
+            fh.write(json.dumps({"conv_id": conv.conv_id, "prompt_ids": ids, "response_ids": response,
+                                 "stop": stop, "labels": "logged"}) + "\n")
+            written += 1
+            tokens += len(response)
+    return {"logged": written, "skipped_too_long": too_long, "logged_tokens": tokens}

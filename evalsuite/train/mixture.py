@@ -228,7 +228,8 @@ class TrajectoryStream:
             self.stats["chosen"] += 1
             return Conversation(f"{self.spec.name}-{traj_id}-m{cut}", self.spec.name,
                                 tuple((m["role"], texts[i]) for i, m in enumerate(context)),
-                                "" if plain else json.dumps(context, ensure_ascii=False))
+                                "" if plain else json.dumps(context, ensure_ascii=False),
+                                json.dumps(messages[cut], ensure_ascii=False))
         return None
 
     def next_math(self) -> Conversation | None:

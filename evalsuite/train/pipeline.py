@@ -26,7 +26,7 @@ from evalsuite.errors import UserError
 from evalsuite.target import TargetModel, cache_root, file_sha256, weights_hash
 from evalsuite.train import data as data_mod
 from evalsuite.train.features import FeatureCache, FeatureSpec, build_features
-from evalsuite.train.generate import GenerationOptions, read_sequences, regenerate
+from evalsuite.train.generate import GenerationOptions, logged_replies, read_sequences, regenerate
 from evalsuite.train.loop import LoopOptions, Trainer, final_losses, split_sequences, write_json
 from evalsuite.train.recipes import dflash as dflash_recipe
 from evalsuite.train.recipes import dlite as dlite_recipe
@@ -116,8 +116,13 @@ def prepare_data(request: TrainRequest, target: TargetModel, target_sha: str, la
         conversations = data_mod.PromptSet.read(prompts_path)
     responses = work / "responses.jsonl"
     with _timed(timings, "generation_s"):
+        if request.generation.agent_labels == "logged":
+            logged_replies(target, [c for c in conversations if c.logged_reply], responses, request.generation)
+        elif request.generation.agent_labels != "regenerated":
+            raise UserError(f"--agent-labels {request.generation.agent_labels}: choose regenerated or logged")
         done = {s.conv_id for s in read_sequences(responses)}
-        todo = [c for c in conversations if c.conv_id not in done]
+        todo = [c for c in conversations if c.conv_id not in done
+                and not (request.generation.agent_labels == "logged" and c.logged_reply)]
         if todo:
             reporter.say(f"regenerating replies with the target (greedy): {len(todo)} prompts to go")
             bar = reporter.progress() if reporter.progress else None
@@ -162,6 +167,8 @@ def prepare_data(request: TrainRequest, target: TargetModel, target_sha: str, la
     stats = {"work_dir": str(work), "prompts": len(conversations), "sequences": len(sequences),
              "tokens": cache.meta.num_tokens, "reply_tokens": cache.meta.num_response_tokens,
              "eos_replies": sum(1 for s in read_sequences(responses) if s.conv_id in wanted and s.stop == "eos"),
+             "logged_label_sequences": sum(1 for s in sequences if s.labels == "logged"),
+             "logged_label_reply_tokens": sum(len(s.response_ids) for s in sequences if s.labels == "logged"),
              "heldout": json.loads(heldout_path.read_text())["summary"],
              "selection": json.loads(heldout_path.read_text())["selection"]}
     return work, cache, stats
