@@ -7,8 +7,9 @@
 #   OUT=/tmp/preview SWE_LIMIT=1 SWE_TURNS=2 GSM8K_LIMIT=1 MTBENCH_LIMIT=1 NEW_TOKENS=8 ALLOW_DIRTY=1 \
 #     bash benchmarks/example_report.sh                  # a quick smoke test of the same commands
 #
-# Full size (issue 14): >= 5 SWE-Bench trajectories x >= 8 turns, >= 10 GSM8K, >= 5 MT-Bench questions, six
-# methods, 64 new tokens per turn. The runs are made in a staging folder outside the tracked tree (so the runs
+# Full size (issues 14, 16): >= 5 SWE-Bench trajectories x >= 8 turns, 5 BFCL-v3 multi-turn samples x 4 turns,
+# 10 GSM8K (128 new tokens: the drafters' held-out GSM8K evaluation), >= 5 MT-Bench questions; seven methods
+# (ar, ngram, suffix and the four shipped drafters), 64 new tokens per turn elsewhere. The runs are made in a staging folder outside the tracked tree (so the runs
 # themselves do not make the tree +dirty), the report is built there with the runs under its runs/, and the whole
 # folder then replaces $OUT. Rerunning resumes unfinished runs in the staging folder (--resume).
 set -euo pipefail
@@ -16,10 +17,13 @@ cd "$(dirname "$0")/.."
 
 OUT=${OUT:-reports/smollm2-shipped}
 STAGE=${STAGE:-results/example-report}          # results/ is git-ignored
-METHODS=${METHODS:-ar,ngram,dlite,eagle3,dflash,dspark}
+METHODS=${METHODS:-ar,ngram,suffix,dlite,eagle3,dflash,dspark}
 SWE_LIMIT=${SWE_LIMIT:-5}
 SWE_TURNS=${SWE_TURNS:-8}
 GSM8K_LIMIT=${GSM8K_LIMIT:-10}
+GSM8K_TOKENS=${GSM8K_TOKENS:-128}   # the held-out GSM8K evaluation of the drafters (baselines/drafters/eval-runs)
+BFCL_LIMIT=${BFCL_LIMIT:-5}
+BFCL_TURNS=${BFCL_TURNS:-4}
 MTBENCH_LIMIT=${MTBENCH_LIMIT:-5}
 NEW_TOKENS=${NEW_TOKENS:-64}
 RESAMPLES=${RESAMPLES:-2000}
@@ -34,10 +38,11 @@ fi
 RUN=($EVALSUITE run --method "$METHODS" --max-new-tokens "$NEW_TOKENS" --seed 0 --resume)
 mkdir -p "$STAGE/runs"
 "${RUN[@]}" --task swebench --limit "$SWE_LIMIT" --max-turns "$SWE_TURNS" --out "$STAGE/runs/swebench"
-"${RUN[@]}" --task gsm8k --limit "$GSM8K_LIMIT" --out "$STAGE/runs/gsm8k"
+"${RUN[@]}" --task bfcl-v3 --limit "$BFCL_LIMIT" --max-turns "$BFCL_TURNS" --out "$STAGE/runs/bfcl-v3"
+"${RUN[@]}" --task gsm8k --limit "$GSM8K_LIMIT" --max-new-tokens "$GSM8K_TOKENS" --out "$STAGE/runs/gsm8k"
 "${RUN[@]}" --task mt-bench --limit "$MTBENCH_LIMIT" --out "$STAGE/runs/mt-bench"
 rm -rf "$STAGE/tables" "$STAGE/figures" "$STAGE/index.html" "$STAGE/report.md"   # a previous report's files
-$EVALSUITE report "$STAGE/runs/swebench" "$STAGE/runs/gsm8k" "$STAGE/runs/mt-bench" --out "$STAGE" \
+$EVALSUITE report "$STAGE/runs/swebench" "$STAGE/runs/bfcl-v3" "$STAGE/runs/gsm8k" "$STAGE/runs/mt-bench" --out "$STAGE" \
   --resamples "$RESAMPLES"
 
 # Replace $OUT with the staged report (its README is kept: it describes the report and is written by hand).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import asdict
 
 import pytest
 from typer.testing import CliRunner
@@ -57,18 +58,25 @@ def test_a_three_sample_gsm8k_run_with_the_shipped_drafter_accepts(tmp_path, met
     assert row["tau"] > 1.5, row
 
 
-def test_the_training_defaults_reproduce_the_shipped_recipes():
-    """`evalsuite train --method M` with no --steps/--set trains what baselines/drafters/M ships."""
-    from dataclasses import asdict
+def test_the_recorded_commands_reproduce_the_shipped_recipes():
+    """Each shipped drafter's recorded `evalsuite train` command gives exactly the recorded steps and options, and a
+    warm start names the checkpoint it started from (the shipped drafters were fine-tuned from their predecessors)."""
+    import shlex
 
     from evalsuite.train.pipeline import DEFAULT_STEPS
     from evalsuite.train.pipeline import METHODS as RECIPES
+    from evalsuite.train.recipes.common import parse_overrides
 
     for method in METHODS:
         report = json.loads((DEFAULT_DRAFTER_ROOT / method / "training_report.json").read_text())
+        argv = shlex.split(report["command"])
+        sets = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--set")
+        steps = int(argv[argv.index("--steps") + 1]) if "--steps" in argv else DEFAULT_STEPS[method]
         options_type, _ = RECIPES[method]
-        assert report["steps"] == DEFAULT_STEPS[method], method
-        assert report["recipe"]["options"] == asdict(options_type()), method
+        assert report["steps"] == steps, method
+        assert report["recipe"]["options"] == asdict(parse_overrides(options_type, sets, method)), method
+        if "--init" in argv:
+            assert re.fullmatch(r"[0-9a-f]{64}", report["init"]["checkpoint_sha256"]), method
 
 
 def _strings(value):
