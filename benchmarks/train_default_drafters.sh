@@ -24,12 +24,12 @@ mkdir -p "$OUT"
 # data + features once (two threads), then two trainings at a time, one torch thread each
 evalsuite train --method dlite --out "$OUT/dlite" --prepare-only --threads 2 "${DATA[@]}"
 B=(--set batch_seqs=4 --set anchors_per_seq=16 --threads 1)
-evalsuite train --method dlite --out "$OUT/dlite" --init "$INIT/dlite" --steps "${DLITE_STEPS:-2400}" \
+evalsuite train --method dlite --out "$OUT/dlite" --init "$INIT/dlite" --steps "${DLITE_STEPS:-2800}" \
   --set single_stage=true --set head_warm_start_steps=0 --set lr=0.001 "${B[@]}" "${DATA[@]}" &
-evalsuite train --method dspark --out "$OUT/dspark" --init "$INIT/dspark" --steps "${DSPARK_STEPS:-1600}" \
+evalsuite train --method dspark --out "$OUT/dspark" --init "$INIT/dspark" --steps "${DSPARK_STEPS:-1400}" \
   --set train_vocab_top=8 --set lr=0.001 "${B[@]}" "${DATA[@]}" &
 wait
-evalsuite train --method dflash --out "$OUT/dflash" --init "$INIT/dflash" --steps "${DFLASH_STEPS:-1600}" \
+evalsuite train --method dflash --out "$OUT/dflash" --init "$INIT/dflash" --steps "${DFLASH_STEPS:-1000}" \
   --set train_vocab_top=8 --set lr=0.001 "${B[@]}" "${DATA[@]}" &
 evalsuite train --method eagle3 --out "$OUT/eagle3" --init "$INIT/eagle3" --steps "${EAGLE3_STEPS:-600}" \
   --set batch_seqs=1 --set lr=0.001 --threads 1 "${DATA[@]}" &
