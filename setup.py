@@ -11,7 +11,8 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 SHIPPED = ("tasks", "baselines/drafters", "baselines/published")  # keep in step with evalsuite/bundled.py
-SKIPPED = ("eval-runs", "__pycache__", "*.pyc", "train_state.pt")  # run results and training state stay out
+# run results, agent training data and training state stay out of wheels
+SKIPPED = ("eval-runs", "training-data", "__pycache__", "*.pyc", "train_state.pt")
 
 
 class BuildPyWithData(build_py):
