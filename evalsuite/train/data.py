@@ -177,6 +177,16 @@ def _gram_hash(words: list[str]) -> int:
     return hash(" ".join(words))  # salted per process, which is fine: the set lives only inside one process
 
 
+def _ngram_hashes(words: list[str], n: int = NGRAM) -> Iterator[int]:
+    for i in range(len(words) - n + 1):
+        yield _gram_hash(words[i:i + n])
+
+
+def texts_grams(texts: Iterable[str]) -> set[int]:
+    """Every NGRAM-word n-gram (hashed) of the texts, once."""
+    return {gram for text in texts for gram in _ngram_hashes(_words(text))}
+
+
 @dataclass
 class HeldOut:
     """Word n-grams of every evaluation prompt; `overlaps(text)` says whether a training text touches one."""
@@ -196,8 +206,7 @@ class HeldOut:
         if len(words) < NGRAM:
             self.short.setdefault(len(words), set()).add(_gram_hash(words))
             return
-        for i in range(len(words) - NGRAM + 1):
-            self.grams.add(_gram_hash(words[i:i + NGRAM]))
+        self.grams.update(_ngram_hashes(words))
 
     def sample_ids(self) -> set[str]:
         """Every evaluation sample id, also without its task prefix (swebench-<instance id> → <instance id>)."""
@@ -217,14 +226,12 @@ class HeldOut:
         """`ignore`: more n-grams that are no sample's own text (e.g. boilerplate common to many training
         trajectories, TrajectoryStream)."""
         words = _words(text)
-        for i in range(len(words) - NGRAM + 1):
-            gram = _gram_hash(words[i:i + NGRAM])
+        for gram in _ngram_hashes(words):
             if gram in self.grams and not (ignore_template and gram in self.template) and gram not in ignore:
                 return True
         for length, texts in self.short.items():
-            for i in range(len(words) - length + 1):
-                if _gram_hash(words[i:i + length]) in texts:
-                    return True
+            if any(gram in texts for gram in _ngram_hashes(words, length)):
+                return True
         return False
 
     def summary(self) -> dict:
@@ -276,7 +283,7 @@ def build_heldout(extra_paths: Iterable[Path] = ()) -> HeldOut:
         for trajectory in trajectories:
             texts = trajectory_texts(trajectory)
             heldout.add_sample(name, trajectory.sample_id, texts)
-            counts.update({_gram_hash(w[i:i + NGRAM]) for w in map(_words, texts) for i in range(len(w) - NGRAM + 1)})
+            counts.update(texts_grams(texts))
         heldout.template.update(gram for gram, n in counts.items() if n >= TEMPLATE_MIN_SAMPLES)
     for path in extra_paths:
         for file in sorted(Path(path).rglob("*")) if Path(path).is_dir() else [Path(path)]:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -159,17 +160,9 @@ def load_trajectories(location: str) -> list[tuple[str, list[dict]]]:
 
 def common_heldout_grams(trajectories: list[list[str]], heldout: HeldOut) -> set[int]:
     """Held-out n-grams found in >= TEMPLATE_MIN_SAMPLES of the given trajectories (each a list of message texts)."""
-    counts: dict[int, int] = {}
+    counts: Counter = Counter()
     for texts in trajectories:
-        found = set()
-        for text in texts:
-            words = data_mod._words(text)
-            for i in range(len(words) - data_mod.NGRAM + 1):
-                gram = data_mod._gram_hash(words[i:i + data_mod.NGRAM])
-                if gram in heldout.grams:
-                    found.add(gram)
-        for gram in found:
-            counts[gram] = counts.get(gram, 0) + 1
+        counts.update(data_mod.texts_grams(texts) & heldout.grams)
     return {gram for gram, n in counts.items() if n >= data_mod.TEMPLATE_MIN_SAMPLES}
 
 

@@ -94,11 +94,15 @@ class Eagle3Recipe(Recipe):
             model.t2d[vocab] = True
         scale_fusion_init_(model.fc, feature_rms(cache, cache.layer_index(self.ids, "eagle3"), train_sequences))
         self.model = model
-        self.to_draft = torch.full((target.vocab_size,), -1, dtype=torch.long, device=self.device)
-        self.to_draft[vocab.to(self.device)] = torch.arange(vocab.numel(), device=self.device)
         self.read = SequenceReader(cache, self.ids, "eagle3", self.device)
         self.train_sequences = train_sequences
-        self.vocab_coverage = self._coverage(cache, train_sequences)
+        self._use_vocabulary(vocab)
+
+    def _use_vocabulary(self, vocab: torch.Tensor) -> None:
+        """Map target ids to draft ids (-1: outside the draft vocabulary) and measure its coverage."""
+        self.to_draft = torch.full((self.target.vocab_size,), -1, dtype=torch.long, device=self.device)
+        self.to_draft[vocab.to(self.device)] = torch.arange(vocab.numel(), device=self.device)
+        self.vocab_coverage = self._coverage(self.read.cache, self.train_sequences)
 
     def _coverage(self, cache: FeatureCache, sequences: list[int]) -> float:
         hits = total = 0
@@ -178,10 +182,7 @@ class Eagle3Recipe(Recipe):
     def load_init(self, directory: Path) -> dict:
         """The warm start brings its own draft vocabulary (d2t): the label mapping follows it."""
         info = super().load_init(directory)
-        vocab = (self.model.d2t + torch.arange(self.model.d2t.numel(), device=self.model.d2t.device)).to(self.device)
-        self.to_draft.fill_(-1)
-        self.to_draft[vocab] = torch.arange(vocab.numel(), device=self.device)
-        self.vocab_coverage = self._coverage(self.read.cache, self.train_sequences)
+        self._use_vocabulary(self.model.d2t + torch.arange(self.model.d2t.numel(), device=self.model.d2t.device))
         return info
 
     def describe(self) -> dict:
