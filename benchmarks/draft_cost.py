@@ -3,7 +3,7 @@
 Each method is built UNTRAINED (random-init, default size for the target: every learned method falls back to
 that when no checkpoint is given), so the numbers measure cost, not quality. For each context length n:
 
-1. the target prefills real text (GSM8K and MT-Bench from tasks/, repeated to length) in chunks and hands
+1. the target prefills real text (GSM8K and MT-Bench from data/, repeated to length) in chunks and hands
    over its features, exactly as the runner does;
 2. `start_turn` absorbs the n-token context (timed together with the first proposal, since some drafters
    defer that work to it);

@@ -23,7 +23,7 @@ from evalsuite.methods.base import Sampling, get_method
 from evalsuite.runner import PrefixCache
 from evalsuite.target import TargetModel
 from evalsuite.timing import DeviceClock
-from evalsuite.workloads.base import LoadOptions, get_task
+from evalsuite.tasks.base import LoadOptions, get_task
 
 
 def prompts_from(task: str, count: int, target: TargetModel) -> list[list[int]]:

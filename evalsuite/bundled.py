@@ -1,4 +1,4 @@
-"""Data that ships with evalsuite: the task samples (`tasks/`), the trained default drafters
+"""Data that ships with evalsuite: the task samples (`data/`), the trained default drafters
 (`baselines/drafters/`) and the published numbers (`baselines/published/`).
 
 In a source checkout or an editable install these are the repository's own directories. A wheel, and so a
@@ -15,7 +15,7 @@ from evalsuite.errors import UserError
 PACKAGE_DIR = Path(__file__).resolve().parent
 PACKAGED_ROOT = PACKAGE_DIR / "_bundled"  # in a built wheel
 SOURCE_ROOT = PACKAGE_DIR.parent  # the repository, in a checkout or an editable install
-SHIPPED = ("tasks", "baselines/drafters", "baselines/published")  # what setup.py packs (see also MANIFEST.in)
+SHIPPED = ("data", "baselines/drafters", "baselines/published")  # what setup.py packs (see also MANIFEST.in)
 
 
 def bundled_path(relative: str) -> Path:

@@ -300,7 +300,7 @@ def methods():
 @friendly_errors
 def tasks():
     """List the tasks, with their data source and licence."""
-    from evalsuite.workloads.base import TASKS, get_task
+    from evalsuite.tasks.base import TASKS, get_task
 
     get_task("gsm8k")
     table = Table(title="tasks")

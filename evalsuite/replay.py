@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from evalsuite.errors import UserError
-from evalsuite.workloads.base import Trajectory
+from evalsuite.tasks.base import Trajectory
 
 STOP = "stop"
 TRUNCATE_LEFT = "truncate-left"

@@ -31,7 +31,7 @@ from evalsuite.records import RunStore, StepRecord, TurnRecord
 from evalsuite.replay import ContextPolicy, MethodReplay, TurnContext, Window, check_replay_mode, make_policy
 from evalsuite.target import TargetModel, cached_weights_hash, text_hash
 from evalsuite.timing import DeviceClock
-from evalsuite.workloads.base import LoadOptions, Trajectory, get_task, select_samples
+from evalsuite.tasks.base import LoadOptions, Trajectory, get_task, select_samples
 
 BASELINE = "ar"
 WARMUP_PROMPT = [{"role": "user", "content": "Warmup."}]

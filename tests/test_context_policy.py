@@ -10,7 +10,7 @@ from evalsuite.chat_format import fit_to_template
 from evalsuite.errors import UserError
 from evalsuite.replay import MethodReplay, Window, check_replay_mode, make_policy, split_for_truncation
 from evalsuite.testing import byte_tokenizer
-from evalsuite.workloads.base import Trajectory, Turn
+from evalsuite.tasks.base import Trajectory, Turn
 
 TOKENIZER = byte_tokenizer()
 CALL = {"function": {"name": "sh", "arguments": {"cmd": "ls"}}}

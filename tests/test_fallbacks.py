@@ -18,7 +18,7 @@ from evalsuite.errors import UserError
 from evalsuite.records import load_turns
 from evalsuite.target import cached_weights_hash, weights_hash
 from evalsuite.testing import drop_chat_template
-from evalsuite.workloads.base import LoadOptions, get_task
+from evalsuite.tasks.base import LoadOptions, get_task
 from tests.block_drafter_kit import dlite_checkpoint
 
 cli = CliRunner()
@@ -84,7 +84,7 @@ def test_drafter_method_path_loads_that_checkpoint(tiny_llama_dir, tmp_path):
 
 def test_subsets_are_declared_by_the_tasks_that_have_them():
     get_task("gsm8k")
-    from evalsuite.workloads.base import TASKS
+    from evalsuite.tasks.base import TASKS
 
     with_subsets = {name for name, info in TASKS.items() if info.subsets}
     assert with_subsets == {"alpaca", "bfcl-v3", "longbench-v2", "swebench", "agentmemorybench", "agentlongbench"}
@@ -98,8 +98,8 @@ def test_bundled_lookup_prefers_the_packaged_copy(tmp_path, monkeypatch):
     packaged, source = tmp_path / "site" / "evalsuite" / "_bundled", tmp_path / "repo"
     monkeypatch.setattr(bundled, "PACKAGED_ROOT", packaged)
     monkeypatch.setattr(bundled, "SOURCE_ROOT", source)
-    assert bundled.bundled_path("tasks") == source / "tasks"  # a checkout: the repository's own directory
-    (packaged / "tasks").mkdir(parents=True)
+    assert bundled.bundled_path("data") == source / "data"  # a checkout: the repository's own directory
+    (packaged / "data").mkdir(parents=True)
     assert bundled.bundled_path("baselines/drafters") == packaged / "baselines" / "drafters"  # a wheel
 
 

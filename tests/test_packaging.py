@@ -22,10 +22,10 @@ import json
 from pathlib import Path
 import evalsuite
 from evalsuite.methods.checkpoints import drafter_source
-from evalsuite.workloads.base import LoadOptions, TASKS_DIR, get_task
+from evalsuite.tasks.base import LoadOptions, DATA_DIR, get_task
 from evalsuite.report.published import PUBLISHED_DIR
 print(json.dumps({
-    "package": evalsuite.__file__, "tasks": str(TASKS_DIR), "published": str(PUBLISHED_DIR),
+    "package": evalsuite.__file__, "tasks": str(DATA_DIR), "published": str(PUBLISHED_DIR),
     "dlite": drafter_source("dlite", {}), "eagle3": drafter_source("eagle3", {}),
     "gsm8k": len(get_task("gsm8k").load(LoadOptions(limit=3))),
     "swebench": len(get_task("swebench").load(LoadOptions(limit=2))),
@@ -60,7 +60,7 @@ def test_wheel_ships_tasks_and_default_drafters(tmp_path):
     for method in ("dlite", "dflash", "dspark", "eagle3"):
         assert f"evalsuite/_bundled/baselines/drafters/{method}/model.safetensors" in names
         assert f"evalsuite/_bundled/baselines/drafters/{method}/config.json" in names
-    assert "evalsuite/_bundled/tasks/gsm8k/test.jsonl" in names
+    assert "evalsuite/_bundled/data/gsm8k/test.jsonl" in names
     assert not [n for n in names if "eval-runs" in n]
     assert not [n for n in names if "training-data" in n]  # the agent trajectories are for training from a checkout
     assert wheel.stat().st_size < 80 * 2**20, "the wheel should stay well below PyPI's 100 MB limit"

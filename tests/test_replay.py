@@ -14,7 +14,7 @@ from evalsuite.records import load_turns
 from evalsuite.runner import Runner
 from evalsuite.target import TargetModel
 from evalsuite.testing import build_tiny_target
-from evalsuite.workloads.swebench import BUNDLED
+from evalsuite.tasks.swebench import BUNDLED
 
 SWE_ID = "django__django-13512"  # the shortest first three turns of the 30 (about 6.6k bytes)
 SWE_FILE = BUNDLED["mini-swe-agent"] / SWE_ID / f"{SWE_ID}.traj.json"

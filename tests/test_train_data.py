@@ -8,7 +8,7 @@ import json
 import pytest
 
 from evalsuite.train import data
-from evalsuite.workloads.base import TASKS, LoadOptions, get_task
+from evalsuite.tasks.base import TASKS, LoadOptions, get_task
 
 
 @pytest.fixture(scope="module")

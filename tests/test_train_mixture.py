@@ -14,7 +14,7 @@ import pytest
 
 from evalsuite.errors import UserError
 from evalsuite.train import data, mixture
-from evalsuite.workloads.base import LoadOptions, get_task
+from evalsuite.tasks.base import LoadOptions, get_task
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec "
          "romeo sierra tango uniform victor whiskey xray yankee zulu").split()

@@ -15,8 +15,8 @@ from evalsuite.chat_format import fit_to_template
 from evalsuite.cli import app
 from evalsuite.errors import UserError
 from evalsuite.target import TargetModel
-from evalsuite.workloads import TASKS, LoadOptions, get_task
-from evalsuite.workloads import _source
+from evalsuite.tasks import TASKS, LoadOptions, get_task
+from evalsuite.tasks import _source
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TASK_NAMES = ["agentlongbench", "agentmemorybench", "alpaca", "bfcl-v3", "custom", "gsm8k", "humaneval",
@@ -110,7 +110,7 @@ def test_known_prompt_renders_exactly(target, task, options, sample_id, prompt):
 
 def test_livecodebench_bundled_prompts_match_the_reference_template():
     """DeepSpec's pre-formatted prompts must equal what format_prompt builds from the raw LCB fields."""
-    from evalsuite.workloads.livecodebench import format_prompt
+    from evalsuite.tasks.livecodebench import format_prompt
 
     for trajectory in load("livecodebench"):
         prompt = trajectory.turns[0].new_messages[0]["content"]
@@ -140,7 +140,7 @@ def test_alpaca_input_field_uses_the_reference_format(tmp_path):
 
 
 def test_longbench_v2_prompt_and_subsets():
-    from evalsuite.workloads.longbench_v2 import BUNDLED
+    from evalsuite.tasks.longbench_v2 import BUNDLED
 
     index = [json.loads(line) for line in (BUNDLED / "index.jsonl").read_text().splitlines()]
     item = next(r for r in index if r["context_shipped"] and r["domain"] == "Code Repository Understanding")
@@ -191,7 +191,7 @@ def test_mt_bench_has_two_free_running_user_turns():
 
 
 def test_swebench_mini_swe_agent_turns_follow_the_assistant_messages():
-    from evalsuite.workloads.swebench import BUNDLED
+    from evalsuite.tasks.swebench import BUNDLED
 
     trajectories = load("swebench")
     assert len(trajectories) == 30
@@ -240,7 +240,7 @@ def test_bfcl_turns_tools_and_ground_truth_calls():
 
 
 def test_bfcl_float_parameters_follow_bfcl_conversion():
-    from evalsuite.workloads.bfcl_v3 import bfcl_tool
+    from evalsuite.tasks.bfcl_v3 import bfcl_tool
 
     tool = bfcl_tool({"name": "a.b", "description": "D.", "parameters": {"type": "dict", "properties": {
         "x": {"type": "float", "description": "X."}, "t": {"type": "tuple", "items": {"type": "float"}},

@@ -107,7 +107,7 @@ def turn_contexts(run_dir: Path, target, keys: set[tuple[str, str, int]]) -> dic
     from evalsuite.config import RunConfig
     from evalsuite.replay import MethodReplay, Window, make_policy
     from evalsuite.runner import Runner
-    from evalsuite.workloads.base import LoadOptions
+    from evalsuite.tasks.base import LoadOptions
 
     config = json.loads((Path(run_dir) / "run.json").read_text())
     fields = {k: config[k] for k in RunConfig.__dataclass_fields__ if k in config}

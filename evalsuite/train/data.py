@@ -133,7 +133,7 @@ def load_sharegpt(path: Path | None = None) -> list[list[tuple[str, str]]]:
 
 
 def load_jsonl_conversations(path: Path) -> list[tuple[str, list[tuple[str, str]]]]:
-    from evalsuite.workloads.base import read_jsonl
+    from evalsuite.tasks.base import read_jsonl
 
     found = []
     for lineno, record in read_jsonl(path):
@@ -269,7 +269,7 @@ def trajectory_texts(trajectory) -> list[str]:
 
 def build_heldout(extra_paths: Iterable[Path] = ()) -> HeldOut:
     """The held-out list from every registered task (all samples, no limit) and from extra data files."""
-    from evalsuite.workloads.base import TASKS, LoadOptions, get_task
+    from evalsuite.tasks.base import TASKS, LoadOptions, get_task
 
     get_task("gsm8k")  # imports every adapter so that they register
     heldout = HeldOut()

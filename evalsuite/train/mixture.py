@@ -117,7 +117,7 @@ _RECORDS: dict[tuple[str, int, int], list[tuple[str, dict]]] = {}
 
 
 def _records(location: str) -> list[tuple[str, dict]]:
-    from evalsuite.workloads._source import read_records
+    from evalsuite.tasks._source import read_records
 
     path = Path(location)
     stat = path.stat()

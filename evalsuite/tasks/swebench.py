@@ -23,18 +23,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from evalsuite.errors import UserError
-from evalsuite.workloads._conversation import conversation_trajectory
-from evalsuite.workloads._source import HubSpec, hub_rows, local_path, read_json_document, read_records, \
+from evalsuite.tasks._conversation import conversation_trajectory
+from evalsuite.tasks._source import HubSpec, hub_rows, local_path, read_json_document, read_records, \
     text_field, wants_hub, HUB as HUB_WORD
-from evalsuite.workloads.base import TASKS_DIR, LoadOptions, Trajectory, register_task, seeded_subset, user_turn
+from evalsuite.tasks.base import DATA_DIR, LoadOptions, Trajectory, register_task, seeded_subset, user_turn
 
 LITE_PROMPT = "Problem Statement:\n{problem_statement}\nPlease fix the issue described above."
 HUB = HubSpec("princeton-nlp/SWE-bench_Lite", split="test")
-TRAJ_DIR = TASKS_DIR / "swebench_trajectories"
+TRAJ_DIR = DATA_DIR / "swebench_trajectories"
 BUNDLED = {
     "mini-swe-agent": TRAJ_DIR / "mini-swe-agent_gemini-3-pro_verified" / "trajs",
     "swe-agent": TRAJ_DIR / "swe-agent_official",
-    "lite": TASKS_DIR / "swebench_instances" / "princeton-nlp-SWE-bench_Lite-test.even-index-subset.json",
+    "lite": DATA_DIR / "swebench_instances" / "princeton-nlp-SWE-bench_Lite-test.even-index-subset.json",
 }
 
 

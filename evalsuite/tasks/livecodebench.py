@@ -7,8 +7,8 @@ are formatted here with the same template, which DFlash and DLite use (methods.m
 from __future__ import annotations
 
 from evalsuite.errors import UserError
-from evalsuite.workloads._source import HubSpec, single_turn_trajectories, task_rows, text_field
-from evalsuite.workloads.base import TASKS_DIR, LoadOptions, Trajectory, register_task
+from evalsuite.tasks._source import HubSpec, single_turn_trajectories, task_rows, text_field
+from evalsuite.tasks.base import DATA_DIR, LoadOptions, Trajectory, register_task
 
 SYSTEM_TEXT = ("You are an expert Python programmer. You will be given a question (problem specification) and will "
                "generate a correct Python program that matches the specification and passes all tests. You will NOT "
@@ -34,7 +34,7 @@ def format_prompt(question: str, starter_code: str | None) -> str:
                licence="CC (version unstated on the HF card); problems scraped from contest sites: research use",
                source="deepseek-ai/DeepSpec eval_datasets/livecodebench.jsonl; HF livecodebench/code_generation_lite")
 def load(options: LoadOptions) -> list[Trajectory]:
-    rows = task_rows("livecodebench", options, TASKS_DIR / "livecodebench" / "livecodebench.jsonl", HUB)
+    rows = task_rows("livecodebench", options, DATA_DIR / "livecodebench" / "livecodebench.jsonl", HUB)
     items = []
     for index, (where, row) in enumerate(rows):
         if "question_content" in row:

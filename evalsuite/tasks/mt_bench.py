@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from evalsuite.errors import UserError
-from evalsuite.workloads._source import HubSpec, task_rows
-from evalsuite.workloads.base import TASKS_DIR, LoadOptions, Trajectory, register_task, seeded_subset, user_turn
+from evalsuite.tasks._source import HubSpec, task_rows
+from evalsuite.tasks.base import DATA_DIR, LoadOptions, Trajectory, register_task, seeded_subset, user_turn
 
 HUB = HubSpec("HuggingFaceH4/mt_bench_prompts", split="train")
 
@@ -12,7 +12,7 @@ HUB = HubSpec("HuggingFaceH4/mt_bench_prompts", split="train")
 @register_task("mt-bench", "80 two-turn chat questions in 8 categories; turn 2 follows the model's own answer",
                licence="Apache-2.0", source="lm-sys/FastChat llm_judge question.jsonl; HF HuggingFaceH4/mt_bench_prompts")
 def load(options: LoadOptions) -> list[Trajectory]:
-    rows = task_rows("mt-bench", options, TASKS_DIR / "mt_bench" / "question.jsonl", HUB)
+    rows = task_rows("mt-bench", options, DATA_DIR / "mt_bench" / "question.jsonl", HUB)
     records = []
     for index, (where, record) in enumerate(rows):
         turns = record.get("turns") or record.get("prompt")  # FastChat names them turns, the HF copy prompt

@@ -7,12 +7,12 @@ instructions (`--subset alpaca_eval`). `--data-path hub` loads tatsu-lab/alpaca 
 from __future__ import annotations
 
 from evalsuite.errors import UserError
-from evalsuite.workloads._source import HubSpec, read_records, single_turn_trajectories, task_rows, text_field
-from evalsuite.workloads.base import TASKS_DIR, LoadOptions, Trajectory, register_task
+from evalsuite.tasks._source import HubSpec, read_records, single_turn_trajectories, task_rows, text_field
+from evalsuite.tasks.base import DATA_DIR, LoadOptions, Trajectory, register_task
 
 HUB = HubSpec("tatsu-lab/alpaca", split="train")
-BUNDLED = {"eagle": TASKS_DIR / "alpaca" / "eagle_alpaca" / "question.jsonl",
-           "alpaca_eval": TASKS_DIR / "alpaca" / "alpaca_eval" / "text_davinci_003" / "model_outputs.json"}
+BUNDLED = {"eagle": DATA_DIR / "alpaca" / "eagle_alpaca" / "question.jsonl",
+           "alpaca_eval": DATA_DIR / "alpaca" / "alpaca_eval" / "text_davinci_003" / "model_outputs.json"}
 
 
 def format_prompt(instruction: str, input_text: str | None) -> str:

@@ -4,7 +4,7 @@
 long_dialogue, in_context_learning, code_repo) or structured_data (the sixth domain, not in DLite's runs).
 DLite's shards also keep only contexts of 32k-64k target tokens; no token filter is applied here.
 
-Bundled: 17 real items with full contexts (`tasks/longbench_v2`, index.jsonl + items/). `--data-path` takes the
+Bundled: 17 real items with full contexts (`data/longbench_v2`, index.jsonl + items/). `--data-path` takes the
 official `data.json` (a JSON array with `context`) or a JSON Lines export; `hub` loads THUDM/LongBench-v2 train.
 """
 
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 
 from evalsuite.errors import UserError
-from evalsuite.workloads._source import HubSpec, hub_rows, local_path, read_records, single_turn_trajectories, \
+from evalsuite.tasks._source import HubSpec, hub_rows, local_path, read_records, single_turn_trajectories, \
     text_field, wants_hub, HUB as HUB_WORD
-from evalsuite.workloads.base import TASKS_DIR, LoadOptions, Trajectory, register_task
+from evalsuite.tasks.base import DATA_DIR, LoadOptions, Trajectory, register_task
 
 PROMPT = "{context}\n\nQuestion: {question}"
 HUB = HubSpec("THUDM/LongBench-v2", split="train")
-BUNDLED = TASKS_DIR / "longbench_v2"
+BUNDLED = DATA_DIR / "longbench_v2"
 SUBSETS = {
     "single_document_qa": "Single-Document QA",
     "multi_document_qa": "Multi-Document QA",

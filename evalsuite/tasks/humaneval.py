@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from evalsuite.workloads._source import HubSpec, single_turn_trajectories, task_rows, text_field
-from evalsuite.workloads.base import TASKS_DIR, LoadOptions, Trajectory, register_task
+from evalsuite.tasks._source import HubSpec, single_turn_trajectories, task_rows, text_field
+from evalsuite.tasks.base import DATA_DIR, LoadOptions, Trajectory, register_task
 
 PROMPT = "Write a solution to the following problem and make sure that it passes the tests:\n```python\n{prompt}\n```"
 HUB = HubSpec("openai/openai_humaneval", split="test")
@@ -12,7 +12,7 @@ HUB = HubSpec("openai/openai_humaneval", split="test")
 @register_task("humaneval", "164 hand-written Python function problems, one turn",
                licence="MIT", source="openai/human-eval HumanEval.jsonl.gz; HF openai/openai_humaneval test")
 def load(options: LoadOptions) -> list[Trajectory]:
-    rows = task_rows("humaneval", options, TASKS_DIR / "humaneval" / "HumanEval.jsonl.gz", HUB)
+    rows = task_rows("humaneval", options, DATA_DIR / "humaneval" / "HumanEval.jsonl.gz", HUB)
     items = []
     for index, (where, row) in enumerate(rows):
         prompt = text_field(row, "prompt", where)

@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 from evalsuite.bundled import bundled_path, require_bundled
 from evalsuite.errors import UserError
 
-TASKS_DIR = bundled_path("tasks")
+DATA_DIR = bundled_path("data")
 
 
 @dataclass
@@ -62,7 +62,7 @@ TASKS: dict[str, TaskInfo] = {}
 def register_task(name: str, summary: str, licence: str, source: str, default_replay: str = "free",
                   subsets: tuple[str, ...] = (), bundled: bool = True):
     """Register an adapter. `subsets`: what --subset accepts (the adapter checks the names); `bundled`: whether
-    the task reads tasks/ when no --data-path is given. Before the adapter runs, a --subset for a task without
+    the task reads data/ when no --data-path is given. Before the adapter runs, a --subset for a task without
     subsets is refused, and so is a run on bundled data when this install has none."""
 
     def wrap(load: Callable[[LoadOptions], list[Trajectory]]):
@@ -70,7 +70,7 @@ def register_task(name: str, summary: str, licence: str, source: str, default_re
             if options.subset is not None and not subsets:
                 raise UserError(f"--subset {options.subset}: task {name} has no subsets; drop --subset")
             if options.data_path is None and bundled:
-                require_bundled("tasks", f"the bundled data of task {name}", "pass --data-path")
+                require_bundled("data", f"the bundled data of task {name}", "pass --data-path")
             return load(options)
 
         TASKS[name] = TaskInfo(name, checked_load, summary, default_replay, licence, source, tuple(subsets))
@@ -80,7 +80,7 @@ def register_task(name: str, summary: str, licence: str, source: str, default_re
 
 
 def get_task(name: str) -> TaskInfo:
-    import evalsuite.workloads  # noqa: F401  (registers every adapter)
+    import evalsuite.tasks  # noqa: F401  (registers every adapter)
 
     if name not in TASKS:
         raise UserError(f"unknown task '{name}'; choose from: {', '.join(sorted(TASKS))}")

@@ -3,7 +3,7 @@
 import importlib
 import pkgutil
 
-from evalsuite.workloads.base import TASKS, LoadOptions, TaskInfo, Trajectory, Turn, get_task
+from evalsuite.tasks.base import TASKS, LoadOptions, TaskInfo, Trajectory, Turn, get_task
 
 for _info in pkgutil.iter_modules(__path__):
     if _info.name != "base" and not _info.name.startswith("_"):

@@ -24,10 +24,10 @@ import re
 from pathlib import Path
 
 from evalsuite.errors import UserError
-from evalsuite.workloads._conversation import conversation_trajectory
-from evalsuite.workloads._source import HUB as HUB_WORD, hub_reachable, local_path, offline_message, read_records, \
+from evalsuite.tasks._conversation import conversation_trajectory
+from evalsuite.tasks._source import HUB as HUB_WORD, hub_reachable, local_path, offline_message, read_records, \
     wants_hub
-from evalsuite.workloads.base import LoadOptions, Trajectory, Turn, register_task, seeded_subset
+from evalsuite.tasks.base import LoadOptions, Trajectory, Turn, register_task, seeded_subset
 
 HUB_ID = "ign1s/AgentLongBench"
 DEFAULT_FILTER = "64k"

@@ -1,7 +1,7 @@
-"""Where a task's records come from: the bundled copy in `tasks/`, a local `--data-path`, or the Hugging Face hub.
+"""Where a task's records come from: the bundled copy in `data/`, a local `--data-path`, or the Hugging Face hub.
 
 `--data-path` semantics, shared by every adapter:
-- not given: the bundled copy under `tasks/<name>/`;
+- not given: the bundled copy under `data/<name>/`;
 - an existing file or directory: a full local copy in the task's native format;
 - `hub`, or an `owner/name` id that is not a local path: loaded with `datasets.load_dataset` (the reference HF id
   for `hub`). When the hub cannot be reached the run stops with a one-line message that says how to get the data.
@@ -23,7 +23,7 @@ from typing import Any, Iterable
 from urllib.parse import urlparse
 
 from evalsuite.errors import UserError
-from evalsuite.workloads.base import LoadOptions, Trajectory, iter_jsonl_bytes, seeded_subset, user_turn
+from evalsuite.tasks.base import LoadOptions, Trajectory, iter_jsonl_bytes, seeded_subset, user_turn
 
 HUB = "hub"  # `--data-path hub`: the task's reference Hugging Face id
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")

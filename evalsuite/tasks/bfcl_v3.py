@@ -20,10 +20,10 @@ import copy
 from pathlib import Path
 
 from evalsuite.errors import UserError
-from evalsuite.workloads._source import local_path, read_records
-from evalsuite.workloads.base import TASKS_DIR, LoadOptions, Trajectory, Turn, register_task, seeded_subset
+from evalsuite.tasks._source import local_path, read_records
+from evalsuite.tasks.base import DATA_DIR, LoadOptions, Trajectory, Turn, register_task, seeded_subset
 
-BUNDLED = TASKS_DIR / "bfcl_v3"
+BUNDLED = DATA_DIR / "bfcl_v3"
 SUBSETS = ("base", "long_context")
 PYTHON_HINT = " Note that the provided function is in Python 3 syntax."
 CLASS_DOC = {

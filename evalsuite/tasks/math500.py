@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from evalsuite.workloads._source import HubSpec, single_turn_trajectories, task_rows, text_field
-from evalsuite.workloads.base import TASKS_DIR, LoadOptions, Trajectory, register_task
+from evalsuite.tasks._source import HubSpec, single_turn_trajectories, task_rows, text_field
+from evalsuite.tasks.base import DATA_DIR, LoadOptions, Trajectory, register_task
 
 PROMPT = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 HUB = HubSpec("HuggingFaceH4/MATH-500", split="test")
@@ -12,7 +12,7 @@ HUB = HubSpec("HuggingFaceH4/MATH-500", split="test")
 @register_task("math500", "500 competition maths problems (MATH test subset of Let's Verify Step by Step), one turn",
                licence="MIT", source="openai/prm800k math_splits/test.jsonl; HF HuggingFaceH4/MATH-500 test")
 def load(options: LoadOptions) -> list[Trajectory]:
-    rows = task_rows("math500", options, TASKS_DIR / "math500" / "test.jsonl", HUB)
+    rows = task_rows("math500", options, DATA_DIR / "math500" / "test.jsonl", HUB)
     items = []
     for index, (where, row) in enumerate(rows):
         problem = text_field(row, "problem", where)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 
 from evalsuite.errors import UserError
-from evalsuite.workloads.base import Trajectory, Turn
+from evalsuite.tasks.base import Trajectory, Turn
 
 ROLES = ("system", "user", "assistant", "tool")
 

@@ -22,8 +22,8 @@ import re
 from dataclasses import dataclass
 
 from evalsuite.errors import UserError
-from evalsuite.workloads._source import HUB as HUB_WORD, HubSpec, hub_rows, local_path, read_records, wants_hub
-from evalsuite.workloads.base import LoadOptions, Trajectory, Turn, register_task, seeded_subset
+from evalsuite.tasks._source import HUB as HUB_WORD, HubSpec, hub_rows, local_path, read_records, wants_hub
+from evalsuite.tasks.base import LoadOptions, Trajectory, Turn, register_task, seeded_subset
 
 HUB_ID = "ai-hyz/MemoryAgentBench"
 SYSTEM_MESSAGE = "You are a helpful assistant that can read a long context and answer questions based on it."

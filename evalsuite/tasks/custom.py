@@ -13,9 +13,9 @@ See docs/tasks.md for the full format and examples.
 from __future__ import annotations
 
 from evalsuite.errors import UserError
-from evalsuite.workloads._conversation import conversation_trajectory
-from evalsuite.workloads._source import local_path, read_records
-from evalsuite.workloads.base import LoadOptions, Trajectory, Turn, register_task, seeded_subset
+from evalsuite.tasks._conversation import conversation_trajectory
+from evalsuite.tasks._source import local_path, read_records
+from evalsuite.tasks.base import LoadOptions, Trajectory, Turn, register_task, seeded_subset
 
 
 def _sample_id(row: dict, where: str) -> str:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from evalsuite.workloads._source import HubSpec, single_turn_trajectories, task_rows, text_field, wants_hub
-from evalsuite.workloads.base import TASKS_DIR, LoadOptions, Trajectory, register_task
+from evalsuite.tasks._source import HubSpec, single_turn_trajectories, task_rows, text_field, wants_hub
+from evalsuite.tasks.base import DATA_DIR, LoadOptions, Trajectory, register_task
 
 HUB = HubSpec("google-research-datasets/mbpp", name="sanitized", split="test")
 TEST_TASK_IDS = range(11, 511)  # the upstream test split; the bundled file holds all 427 sanitized records
@@ -13,7 +13,7 @@ TEST_TASK_IDS = range(11, 511)  # the upstream test split; the bundled file hold
                licence="CC-BY-4.0 (data), Apache-2.0 (code)",
                source="google-research mbpp/sanitized-mbpp.json; HF google-research-datasets/mbpp sanitized/test")
 def load(options: LoadOptions) -> list[Trajectory]:
-    rows = task_rows("mbpp", options, TASKS_DIR / "mbpp" / "sanitized-mbpp.json", HUB)
+    rows = task_rows("mbpp", options, DATA_DIR / "mbpp" / "sanitized-mbpp.json", HUB)
     items = []
     for index, (where, row) in enumerate(rows):
         task_id = row.get("task_id")
