@@ -81,7 +81,7 @@ def measure(targets: dict[str, TargetModel], context: int, repeats: int) -> dict
     caches = {}
     for kind, target in targets.items():
         caches[kind] = target.new_cache()
-        target.reserve(caches[kind], context + max(BLOCKS) + 1)
+        caches[kind].reserve(context + max(BLOCKS) + 1)
         target.forward(ids, caches[kind], last_only=True)
 
     def timed(kind: str, n: int) -> float:
@@ -89,7 +89,7 @@ def measure(targets: dict[str, TargetModel], context: int, repeats: int) -> dict
         start = clock.now()
         target.forward(blocks[n], cache)
         elapsed = clock.now() - start
-        target.crop(cache, context)
+        cache.crop_to(context)
         return elapsed
 
     for kind in targets:  # warm up every shape

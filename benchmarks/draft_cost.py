@@ -36,8 +36,9 @@ from pathlib import Path
 
 import torch
 
+from evalsuite.catalog import METHODS, method_spec
 from evalsuite.errors import UserError
-from evalsuite.methods.base import METHODS, Drafter, Sampling, get_method
+from evalsuite.methods.base import Method, Sampling, get_method
 from evalsuite.target import TargetModel
 from evalsuite.testing import byte_tokenizer
 
@@ -103,10 +104,10 @@ def load_target(args) -> TargetModel:
 def real_text_ids(target: TargetModel, length: int) -> list[int]:
     """GSM8K questions and answers, then MT-Bench questions, tokenized and repeated to `length` tokens."""
     texts = []
-    for line in (REPO / "tasks" / "gsm8k" / "test.jsonl").read_text().splitlines():
+    for line in (REPO / "data" / "gsm8k" / "test.jsonl").read_text().splitlines():
         record = json.loads(line)
         texts.append(f"Question: {record['question']}\nAnswer: {record.get('answer', '')}\n")
-    for line in (REPO / "tasks" / "mt_bench" / "question.jsonl").read_text().splitlines():
+    for line in (REPO / "data" / "mt_bench" / "question.jsonl").read_text().splitlines():
         texts.extend(json.loads(line)["turns"])
     ids: list[int] = []
     for text in texts:
@@ -121,10 +122,10 @@ def real_text_ids(target: TargetModel, length: int) -> list[int]:
 def parse_method(spec: str) -> tuple[str, str, dict]:
     """`name` or `name:key=value,...` → (label, method name, options)."""
     name, _, rest = spec.partition(":")
-    options = {"drafter": "random"}  # untrained default-size drafters, even where trained ones ship
-    for item in filter(None, rest.split(",")):
-        key, _, value = item.partition("=")
-        options[key] = value
+    raw = dict(item.partition("=")[::2] for item in filter(None, rest.split(",")))
+    options = method_spec(name).parse_options(raw)
+    if method_spec(name).needs_checkpoint:
+        options["drafter"] = "random"  # untrained default-size drafters, even where trained ones ship
     return spec, name, options
 
 
@@ -164,7 +165,7 @@ def prefill_features(target: TargetModel, ids: torch.Tensor, layers: tuple[int, 
 
 
 @torch.inference_mode()
-def measure(target: TargetModel, drafters: dict[str, Drafter], contexts: list[int], k: int, steps: int,
+def measure(target: TargetModel, drafters: dict[str, Method], contexts: list[int], k: int, steps: int,
             warmup: int, chunk: int, log=print) -> list[Row]:
     """Methods take turns step by step (round robin), so that a burst of machine noise hits them all alike."""
     timer = Timer(target.device)
@@ -246,7 +247,6 @@ def main(argv: list[str] | None = None) -> list[Row]:
     target = load_target(args)
     kind = "tiny" if args.tiny else ("random" if args.target in RANDOM_TARGETS else "default")
     contexts = [int(c) for c in args.contexts.split(",")] if args.contexts else CONTEXTS[kind]
-    get_method("ar")  # imports every method module so that the registry is complete
     specs = args.methods.split(";") if args.methods else default_methods(args)
     drafters = {label: get_method(name).factory(target, options) for label, name, options in map(parse_method, specs)}
     for label, drafter in drafters.items():

@@ -4,8 +4,8 @@ A 2-method (ngram + the recorded ar baseline), 3-sample, 2-turn run (MT-Bench) i
 reference. Then, in rounds on fresh directories: start the run (later `--resume`), SIGKILL it at a random point,
 start `--resume`, kill again… until a process finishes on its own; compare the round's records with the
 reference. Kill points: mostly uniform over the decoding phase (from run.json being written to the end, as the
-reference took), some uniform over the start-up. Each kill notes how many pairs were finished then and whether
-a steps part was left without its turns part (an orphan, which readers must ignore and resume must clean).
+reference took), some uniform over the start-up. Each kill notes how many turns were stored then and whether a
+steps part was left without its turns part (an orphan, which readers must ignore and resume must clean).
 
 Counts, which must all be 0: rows lost (reference rows missing), rows duplicated, rows extra, rows whose T=0
 values (output ids, context lengths, drafted/accepted/emitted per step, stop reasons) differ from the
@@ -47,7 +47,7 @@ class Outcome:
     processes: int = 0
     kills_in_startup: int = 0
     kills_with_orphan: int = 0
-    pairs_at_kill: list[int] = field(default_factory=list)  # finished (method, sample) pairs when each kill landed
+    pairs_at_kill: list[int] = field(default_factory=list)  # stored (method, sample, turn) rows when each kill landed
     rows_lost: int = 0
     rows_duplicated: int = 0
     rows_extra: int = 0
@@ -61,7 +61,7 @@ class Outcome:
 
     def describe(self) -> str:
         return (f"{self.kills} kills in {self.rounds} rounds ({self.processes} processes; {self.kills_in_startup} "
-                f"during start-up, {self.kills_with_orphan} with an orphaned steps part; finished pairs at the "
+                f"during start-up, {self.kills_with_orphan} with an orphaned steps part; stored turns at the "
                 f"kills: {sorted(self.pairs_at_kill)}): {self.rows_lost} rows lost, {self.rows_duplicated} "
                 f"duplicated, {self.rows_extra} extra, {self.rows_differing} differing from the uninterrupted run "
                 f"(of {self.reference_rows} reference rows), {self.leftovers} leftovers")
@@ -111,11 +111,12 @@ def reference_run(target: str, out: Path, args) -> tuple[float, float]:
 def compare(got_dir: Path, ref_dir: Path) -> dict:
     import pandas as pd
 
-    from evalsuite.records import RunStore, load_steps, load_turns
+    from evalsuite.store import RunStore, read_run
 
     counts = {"lost": 0, "duplicated": 0, "extra": 0, "differing": 0, "leftovers": 0}
-    for load, key, values in ((load_turns, TURN_KEY, TURN_VALUES), (load_steps, STEP_KEY, STEP_VALUES)):
-        got, want = load(got_dir), load(ref_dir)
+    got_run, ref_run = read_run(got_dir), read_run(ref_dir)
+    for table, key, values in (("turns", TURN_KEY, TURN_VALUES), ("steps", STEP_KEY, STEP_VALUES)):
+        got, want = getattr(got_run, table), getattr(ref_run, table)
         counts["duplicated"] += int(got.duplicated(key).sum())
         got = got.drop_duplicates(key)
         merged = want.merge(got, on=key, how="outer", suffixes=("_ref", ""), indicator=True)
@@ -126,8 +127,8 @@ def compare(got_dir: Path, ref_dir: Path) -> dict:
         counts["differing"] += sum(differs)
     store = RunStore(got_dir)
     counts["leftovers"] += len(store.leftovers())
-    # pandas reading the part directories directly sees exactly the finished pairs
-    counts["extra"] += len(pd.read_parquet(got_dir / "steps.parquet")) - len(load_steps(got_dir))
+    # pandas reading the part directories directly sees exactly the stored turns
+    counts["extra"] += len(pd.read_parquet(got_dir / "steps.parquet")) - len(got_run.steps)
     return counts
 
 
@@ -138,7 +139,7 @@ def _value(value):
 
 
 def orphan_present(out: Path) -> bool:
-    from evalsuite.records import RunStore
+    from evalsuite.store import RunStore
 
     return any(p.name.endswith(".parquet") for p in RunStore(out).leftovers())
 
@@ -149,7 +150,7 @@ def kill_resume(target: str, work: Path, args: argparse.Namespace, say=print) ->
     startup_s, decode_s = reference_run(target, reference, args)
     say(f"reference: start-up {startup_s:.1f} s, decoding {decode_s:.1f} s")
     outcome = Outcome(reference_rows=_rows(reference))
-    from evalsuite.records import RunStore
+    from evalsuite.store import read_run
 
     while outcome.kills < args.kills:
         outcome.rounds += 1
@@ -168,7 +169,7 @@ def kill_resume(target: str, work: Path, args: argparse.Namespace, say=print) ->
                 elif wait_for_config(out / "run.json", start_ns, proc, args.timeout):
                     time.sleep(rng.uniform(0, decode_s))
                 if proc.poll() is None:
-                    pairs = len(RunStore(out).finished_pairs())
+                    pairs = len(read_run(out).turns)
                     proc.send_signal(signal.SIGKILL)
                     proc.wait()
                     killed = True
@@ -192,9 +193,10 @@ def kill_resume(target: str, work: Path, args: argparse.Namespace, say=print) ->
 
 
 def _rows(run_dir: Path) -> int:
-    from evalsuite.records import load_steps, load_turns
+    from evalsuite.store import read_run
 
-    return len(load_turns(run_dir)) + len(load_steps(run_dir))
+    tables = read_run(run_dir)
+    return len(tables.turns) + len(tables.steps)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -31,7 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from evalsuite.chat_format import fit_to_template  # noqa: E402
+from evalsuite.chat import fit_to_template  # noqa: E402
 from evalsuite.target import TargetModel  # noqa: E402
 from evalsuite.train import data as data_mod  # noqa: E402
 from evalsuite.train import mixture  # noqa: E402

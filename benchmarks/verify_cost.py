@@ -39,7 +39,7 @@ def measure(target: TargetModel, context_len: int, sizes: list[int], repeats: in
         start = clock.now()
         target.forward(block, cache)
         elapsed = clock.now() - start
-        target.crop(cache, context_len)
+        cache.crop_to(context_len)
         return elapsed
 
     @torch.inference_mode()

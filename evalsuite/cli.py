@@ -43,10 +43,10 @@ def friendly_errors(func):
 def _parse_drafters(values: list[str], methods: list[str]) -> dict[str, str]:
     """`--drafter PATH` (one learned method) or `--drafter method=PATH`; a key that names no learned method in
     --method, or a second checkpoint for one method, is refused (never ignored for the shipped default)."""
-    from evalsuite.methods.base import METHODS, get_method
+    from evalsuite.catalog import METHODS, method_spec
 
     for name in methods:
-        get_method(name)  # registers every method; an unknown name is a one-line error here
+        method_spec(name)  # an unknown name is a one-line error here
     learned = [m for m in methods if METHODS[m].needs_checkpoint]
     found = {}
     for value in values:
@@ -75,7 +75,7 @@ def _parse_drafters(values: list[str], methods: list[str]) -> dict[str, str]:
 
 
 def _parse_method_options(values: list[str]) -> dict[str, dict[str, str]]:
-    """`--method-option METHOD.KEY=VALUE` → {METHOD: {KEY: VALUE}}; each method's factory checks and converts."""
+    """`--method-option METHOD.KEY=VALUE` → {METHOD: {KEY: VALUE}}; RunConfig.validate checks and converts them."""
     found: dict[str, dict[str, str]] = {}
     for value in values:
         name, _, setting = value.partition(".")
@@ -105,7 +105,7 @@ def run(
     method: str = typer.Option("ngram", "--method", "-m", help="Comma-separated methods, e.g. dlite,eagle3,ngram,ar; 'auto' reads it from --drafter's config.json."),
     task: str = typer.Option("gsm8k", "--task", "-t", help="Task name (see `evalsuite tasks`)."),
     target: str = typer.Option("default", help="Target: 'default' (embedded SmolLM2-135M-Instruct), a local dir or an HF id."),
-    drafter: list[str] = typer.Option([], help="Drafter checkpoint: PATH or METHOD=PATH (dir, HF id, or "
+    drafter: list[str] = typer.Option([], help="Method checkpoint: PATH or METHOD=PATH (dir, HF id, or "
                                                     "'random'), repeatable; METHOD must be in --method."),
     k: int = typer.Option(7, "--k", help="Draft tokens per verify step."),
     temperature: float = typer.Option(0.0, help="0 = greedy (exact-match verification); >0 = rejection sampling."),
@@ -134,8 +134,6 @@ def run(
                                              "format, or 'hub' (or an owner/name id) for the Hugging Face copy."),
     subset: Optional[str] = typer.Option(None, help="Task subset (e.g. LongBench v2 domain); only for "
                                           "tasks that have subsets (docs/tasks.md)."),
-    confidence_threshold: Optional[float] = typer.Option(None, help="DSpark (in [0, 1]): truncate the block "
-                                                      "at the first slot whose confidence is below it."),
     warmup: bool = typer.Option(True, help="Untimed warm-up decode before recording."),
     repeats: int = typer.Option(1, help="Decode each turn N times from the same seed and keep the median time."),
     method_option: list[str] = typer.Option([], "--method-option", help="METHOD.KEY=VALUE, repeatable: a method "
@@ -156,54 +154,41 @@ def run(
                                           "drift field for --resume."),
 ):
     """Replay a task through the target with the given methods; write per-step records and a summary."""
+    from evalsuite.config import RunConfig
+
+    methods = _infer_auto_method([m.strip() for m in method.split(",") if m.strip()], drafter)
+    config = RunConfig(
+        methods=methods, task=task, target=target, drafters=_parse_drafters(drafter, methods), device=device,
+        dtype=dtype, weight_layout=weight_layout, kv_cache=kv_cache, compile=compile, k=k, temperature=temperature,
+        top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, limit=limit, seed=seed, resume=resume,
+        replay=replay, context_policy=context_policy, max_turns=max_turns, enable_thinking=enable_thinking,
+        data_path=data_path, subset=subset, warmup=warmup, repeats=repeats,
+        method_options=_parse_method_options(method_option), engine=engine,
+        sample_ids=None if sample_ids is None else [s.strip() for s in sample_ids.split(",") if s.strip()],
+        threads=threads, workers=workers, ray_address=ray_address, gpus_per_worker=gpus_per_worker,
+        threads_per_worker=threads_per_worker,
+    )
+    run_id = out_dir.name if out_dir else f"{task}-{'_'.join(methods)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = out_dir or Path("results") / run_id
+    config.out = str(run_dir)
+    config.validate()  # every check before any heavy import: a typo costs milliseconds
+    if config.uses_ray:
+        _run_on_ray(config, run_dir)
+        return _print_summary(run_dir, run_id)
+
     from transformers.utils import logging as hf_logging
 
-    from evalsuite.config import RunConfig
     from evalsuite.plan import make_plan
     from evalsuite.resume import resume_command
     from evalsuite.runner import Progress as RunProgress, Runner
 
     hf_logging.disable_progress_bar()  # our own status line and bar; errors stay one line
-
-    methods = _infer_auto_method([m.strip() for m in method.split(",") if m.strip()], drafter)
-    options = _parse_method_options(method_option)
-    for name in options:
-        if name not in methods:
-            raise UserError(f"--method-option {name}.…: method {name} is not in --method {','.join(methods)}")
-    if confidence_threshold is not None:
-        if "dspark" not in methods:
-            raise UserError("--confidence-threshold applies to dspark only; add dspark to --method or drop it")
-        if not 0 <= confidence_threshold <= 1:
-            raise UserError(f"--confidence-threshold {confidence_threshold}: must be in [0, 1]")
-        options.setdefault("dspark", {})["confidence_threshold"] = confidence_threshold
-    config = RunConfig(
-        methods=methods, task=task, target=target, drafters=_parse_drafters(drafter, methods), device=device,
-        dtype=dtype, weight_layout=weight_layout, kv_cache=kv_cache, compile=compile, k=k, temperature=temperature, top_p=top_p, top_k=top_k,
-        max_new_tokens=max_new_tokens, limit=limit, seed=seed, resume=resume, replay=replay, context_policy=context_policy, max_turns=max_turns,
-        enable_thinking=enable_thinking, data_path=data_path, subset=subset, warmup=warmup, repeats=repeats, method_options=options,
-        sample_ids=None if sample_ids is None else [s.strip() for s in sample_ids.split(",") if s.strip()],
-        threads=threads,
-    )
-    run_id = out_dir.name if out_dir else f"{task}-{'_'.join(methods)}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = out_dir or Path("results") / run_id
-    config.out = str(run_dir)
-    if engine not in ("hf", "vllm"):
-        raise UserError(f"--engine {engine}: choose hf or vllm")
-    if engine == "vllm" and (workers > 1 or ray_address):
-        raise UserError("--engine vllm runs its engines from this process; --workers/--ray-address are for --engine hf")
-    if engine == "vllm":
-        from evalsuite.engines.vllm_engine import VllmRunner as Runner  # noqa: F811
-    if workers > 1 or ray_address:
-        from evalsuite.scaleout import ScaleOptions
-
-        _run_on_ray(config, run_dir, ScaleOptions(workers, ray_address, gpus_per_worker, threads_per_worker))
-        return _print_summary(run_dir, run_id)
     runner = Runner(config, run_dir)
     try:
-        with console.status("loading target, drafters and data…"):
+        with console.status("loading target, methods and data…"):
             runner.load()
         plan = make_plan(runner)
-        console.print(f"[bold]{runner.target.name}[/] · task {task} · k={k} T={temperature} · {run_dir}")
+        console.print(f"[bold]{runner.chat.name}[/] · task {task} · k={k} T={temperature} · {run_dir}")
         console.print(plan.describe(), highlight=False, soft_wrap=True)
         bar_columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                        TextColumn("ETA"), TimeRemainingColumn(),
@@ -217,15 +202,16 @@ def run(
 
             runner.run(RunProgress(total=plan.decodes, update=update))
     except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted: finished (method, sample) pairs are saved in {escape(str(run_dir))}; "
-                      f"continue with[/]\n{escape(resume_command(sys.argv[1:], run_dir))}", highlight=False,
-                      soft_wrap=True)
+        console.print(f"[yellow]interrupted: finished turns are saved in {escape(str(run_dir))}; continue with[/]\n"
+                      f"{escape(resume_command(sys.argv[1:], run_dir))}", highlight=False, soft_wrap=True)
         raise typer.Exit(130)
+    finally:
+        runner.engine.close()
     _print_summary(run_dir, run_id)
 
 
 def _print_summary(run_dir: Path, run_id: str) -> None:
-    from evalsuite.report_summary import summary_rows
+    from evalsuite.report.summary import summary_rows
 
     rows = summary_rows(run_dir)
     table = Table(title=f"{run_id}: τ pooled over verify steps, bonus included; speedup = paired AR/method decode time per token, pooled")
@@ -237,7 +223,7 @@ def _print_summary(run_dir: Path, run_id: str) -> None:
     console.print(f"records: {run_dir}/steps.parquet, {run_dir}/turns.parquet, {run_dir}/run.json")
 
 
-def _run_on_ray(config, run_dir: Path, scale) -> None:
+def _run_on_ray(config, run_dir: Path) -> None:
     """The Ray path: one bar over all workers (units done and in flight, running τ per method, ETA)."""
     from rich.progress import TimeRemainingColumn
 
@@ -272,9 +258,9 @@ def _run_on_ray(config, run_dir: Path, scale) -> None:
         state["done"] += 1
         bar.update(state["handle"], advance=1, info=info_text())
 
-    console.print(f"starting {scale.workers} Ray workers (each loads the target and drafters once)…")
+    console.print(f"starting {config.workers} Ray workers (each loads the target and methods once)…")
     try:
-        run_on_ray(config, run_dir, scale, say=lambda text: console.print(f"[yellow]{text}[/]", highlight=False),
+        run_on_ray(config, run_dir, say=lambda text: console.print(f"[yellow]{text}[/]", highlight=False),
                    on_start=on_start, on_unit=on_unit)
     finally:
         bar.stop()
@@ -284,15 +270,14 @@ def _run_on_ray(config, run_dir: Path, scale) -> None:
 @friendly_errors
 def methods():
     """List the drafting methods."""
-    from evalsuite.methods.base import METHODS, get_method
+    from evalsuite.catalog import METHODS
 
-    get_method("ar")
     table = Table(title="methods")
     table.add_column("name")
     table.add_column("needs a checkpoint")
     table.add_column("what it does")
-    for info in sorted(METHODS.values(), key=lambda m: m.name):
-        table.add_row(info.name, "yes" if info.needs_checkpoint else "no", info.summary)
+    for spec in sorted(METHODS.values(), key=lambda m: m.name):
+        table.add_row(spec.name, "yes" if spec.needs_checkpoint else "no", spec.summary)
     out.print(table)
 
 
@@ -356,12 +341,12 @@ def compare(
     """Per turn, two engines side by side: equal output ids (first divergence, near-tie?), τ and speedup."""
     import json as _json
 
-    from evalsuite.engines.compare import (compare_turns, divergence_margins, engines_side_by_side, engines_table,
+    from evalsuite.compare import (compare_turns, divergence_margins, engines_side_by_side, engines_table,
                                            load_pair)
     from evalsuite.report.tables import to_markdown
 
-    turns_a, turns_b, label_a, label_b = load_pair(run_a, run_b)
-    both = compare_turns(turns_a, turns_b, label_a, label_b)
+    tables_a, tables_b, label_a, label_b = load_pair(run_a, run_b)
+    both = compare_turns(tables_a.turns, tables_b.turns, label_a, label_b)
     if both.empty:
         raise UserError(f"{run_a} and {run_b} share no decoded (method, sample, turn)")
     if margins:
@@ -378,7 +363,7 @@ def compare(
     for row in both[columns].itertuples(index=False):
         table.add_row(*[_fmt(v) if isinstance(v, float) else str(v) for v in row])
     out.print(table)
-    side = engines_side_by_side(turns_a, turns_b, label_a, label_b)
+    side = engines_side_by_side(tables_a, tables_b, label_a, label_b)
     out.print(side.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -386,6 +371,22 @@ def compare(
                                                                                   index=False)
         (out_dir / "compare.md").write_text(to_markdown(engines_table(side, label_a, label_b)))
         console.print(f"written: {out_dir}/compare_turns.csv, {out_dir}/compare.md")
+
+
+@app.command()
+@friendly_errors
+def compact(
+    run_dirs: list[Path] = typer.Argument(..., help="Finished run directories.", show_default=False),
+):
+    """Merge a finished run's parts into one Parquet file per table (the rows are unchanged)."""
+    from evalsuite.store import RunStore, read_run
+
+    for run_dir in run_dirs:
+        if not (run_dir / "run.json").is_file():
+            raise UserError(f"{run_dir}: not a run directory (no run.json)")
+        rows = len(read_run(run_dir).turns)
+        merged = RunStore(run_dir).compact()
+        console.print(f"{run_dir}: {merged} parts merged into one file per table ({rows} turn rows)")
 
 
 @app.command()

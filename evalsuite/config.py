@@ -1,4 +1,8 @@
-"""Run configuration, and the environment facts every run writes to run.json."""
+"""Run configuration and its one validation, and the environment facts every run writes to run.json.
+
+No torch at import: the CLI validates a whole configuration (names, values, method settings, the engine and
+scale-out options) in milliseconds, before any model is loaded.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -13,12 +18,17 @@ from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-import torch
-
+from evalsuite.catalog import METHODS, method_spec, suggest
+from evalsuite.conventions import BASELINE
 from evalsuite.errors import UserError
 
 REPLAY_MODES = ("auto", "logged", "free")
 CONTEXT_POLICIES = ("stop", "truncate-left")
+ENGINES = ("hf", "vllm")
+WEIGHT_LAYOUTS = ("auto", "row-major", "column-major", "column-major+onednn")
+CACHE_KINDS = ("static", "dynamic")
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "fp16": "float16"}
 
 
 @dataclass
@@ -26,7 +36,7 @@ class RunConfig:
     methods: list[str]
     task: str
     target: str = "default"
-    drafters: dict[str, str] = field(default_factory=dict)  # method → checkpoint dir or HF id
+    drafters: dict[str, str] = field(default_factory=dict)  # learned method → checkpoint dir, HF id or "random"
     device: str = "cpu"
     dtype: str | None = None
     weight_layout: str = "auto"  # the target's Linear weight storage (TargetModel.load); resolved in run.json
@@ -48,13 +58,26 @@ class RunConfig:
     data_path: str | None = None
     subset: str | None = None
     warmup: bool = True
-    repeats: int = 1  # each turn is decoded this many times from the same generator state; the median is kept
-    method_options: dict[str, dict] = field(default_factory=dict)
+    repeats: int = 1  # each turn is decoded this many times from the same seed; the median is kept
+    method_options: dict[str, dict] = field(default_factory=dict)  # method → {setting: value} (evalsuite.catalog)
     engine: str = "hf"  # hf (ours) | vllm (evalsuite/engines/vllm_engine.py)
     sample_ids: list[str] | None = None  # exact samples to run (instead of a seeded --limit subset)
     threads: int | None = None  # torch intra-op threads (None: torch's default); the count used is recorded
+    workers: int = 1  # Ray worker actors (1 = this process, no Ray)
+    ray_address: str | None = None  # join this Ray cluster (implies the Ray path)
+    gpus_per_worker: float | None = None  # None: 1 with --device cuda, 0 on cpu
+    threads_per_worker: int | None = None  # None: the node's cores / workers
 
     def validate(self) -> None:
+        """Every check of the configuration, each a one-line UserError naming the option; method settings are
+        converted to their types (evalsuite.catalog)."""
+        self._check_numbers()
+        self._check_choices()
+        self._check_methods()
+        self._check_samples()
+        self._check_engine()
+
+    def _check_numbers(self) -> None:
         if not 1 <= self.k <= 64:
             raise UserError(f"--k {self.k}: the draft length must be between 1 and 64")
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
@@ -67,18 +90,71 @@ class RunConfig:
             raise UserError(f"--top-p {self.top_p}: must be in (0, 1]")
         if self.top_k < 0:
             raise UserError(f"--top-k {self.top_k}: must be >= 0 (0 turns the filter off)")
-        if self.replay not in REPLAY_MODES:
-            raise UserError(f"--replay {self.replay}: choose from {', '.join(REPLAY_MODES)}")
-        if self.context_policy not in CONTEXT_POLICIES:
-            raise UserError(f"--context-policy {self.context_policy}: choose from {', '.join(CONTEXT_POLICIES)}")
         if self.max_turns is not None and self.max_turns < 1:
             raise UserError(f"--max-turns {self.max_turns}: must be >= 1")
         if not 1 <= self.repeats <= 100:
             raise UserError(f"--repeats {self.repeats}: must be between 1 and 100")
-        if not self.methods:
-            raise UserError("--method: name at least one method")
         if self.threads is not None and self.threads < 1:
             raise UserError(f"--threads {self.threads}: must be >= 1")
+        if self.workers < 1:
+            raise UserError(f"--workers {self.workers}: must be >= 1")
+        if self.gpus_per_worker is not None and self.gpus_per_worker < 0:
+            raise UserError(f"--gpus-per-worker {self.gpus_per_worker}: must be >= 0")
+        if self.threads_per_worker is not None and self.threads_per_worker < 1:
+            raise UserError(f"--threads-per-worker {self.threads_per_worker}: must be >= 1")
+
+    def _check_choices(self) -> None:
+        for option, value, choices in (("--replay", self.replay, REPLAY_MODES),
+                                       ("--context-policy", self.context_policy, CONTEXT_POLICIES),
+                                       ("--engine", self.engine, ENGINES),
+                                       ("--weight-layout", self.weight_layout, WEIGHT_LAYOUTS),
+                                       ("--kv-cache", self.kv_cache, CACHE_KINDS)):
+            if value not in choices:
+                raise UserError(f"{option} {value}: choose from {', '.join(choices)}{suggest(value, choices)}")
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise UserError(f"--device {self.device}: use cpu or cuda[:N]")
+        if self.dtype is not None and self.dtype != "auto" and self.dtype not in DTYPES:
+            raise UserError(f"--dtype {self.dtype}: expected one of float32, bfloat16, float16")
+        if self.engine == "hf" and self.device == "cpu" and DTYPES.get(self.dtype or "float32", "float32") != "float32":
+            raise UserError(f"--dtype {self.dtype}: only float32 is supported on CPU")
+        if self.compile and self.weight_layout == "column-major+onednn":
+            raise UserError("--compile: the oneDNN block kernels cannot be compiled; use --weight-layout column-major "
+                            "or auto")
+        if self.gpus_per_worker and not self.device.startswith("cuda"):
+            raise UserError(f"--gpus-per-worker {self.gpus_per_worker} with --device {self.device}: pass --device "
+                            "cuda or --gpus-per-worker 0")
+        from evalsuite.tasks.base import get_task  # a few ms: the adapters import no model code
+
+        get_task(self.task)
+
+    def _check_methods(self) -> None:
+        if not self.methods:
+            raise UserError("--method: name at least one method")
+        for name in self.methods:
+            method_spec(name)
+        repeated = sorted({m for m in self.methods if self.methods.count(m) > 1})
+        if repeated:
+            raise UserError(f"--method: {', '.join(repeated)} given more than once")
+        for name, path in self.drafters.items():
+            spec = method_spec(name)
+            if name not in self.methods:
+                raise UserError(f"--drafter {name}={path}: method {name} is not in --method {','.join(self.methods)}; "
+                                "add it there or drop this --drafter")
+            if not spec.needs_checkpoint:
+                raise UserError(f"--drafter {name}={path}: method {name} takes no checkpoint")
+        parsed = {}
+        for name, raw in self.method_options.items():
+            if name not in self.methods:
+                raise UserError(f"--method-option {name}.…: method {name} is not in --method {','.join(self.methods)}")
+            parsed[name] = method_spec(name).parse_options(raw)
+        self.method_options = parsed
+        if self.repeats > 1:
+            learning = [m for m in self.methods if METHODS[m].learns_across_turns]
+            if learning:
+                raise UserError(f"--repeats {self.repeats}: method {learning[0]} learns from every reply it sees, so "
+                                "a repeated turn would not repeat the same work; use --repeats 1")
+
+    def _check_samples(self) -> None:
         if self.sample_ids is not None:
             if not self.sample_ids:
                 raise UserError("--sample-ids: name at least one sample id")
@@ -87,6 +163,29 @@ class RunConfig:
             repeated = sorted({i for i in self.sample_ids if self.sample_ids.count(i) > 1})
             if repeated:
                 raise UserError(f"--sample-ids: {', '.join(repeated)} given more than once")
+
+    def _check_engine(self) -> None:
+        if self.engine != "vllm":
+            return
+        if self.workers > 1 or self.ray_address:
+            raise UserError("--engine vllm runs its engines from this process; --workers/--ray-address are for "
+                            "--engine hf")
+        if self.repeats > 1:
+            raise UserError(f"--repeats {self.repeats}: --engine vllm decodes each turn once; use --repeats 1")
+        for name in self.methods:
+            if METHODS[name].not_in_vllm:
+                runs = ", ".join(m for m in METHODS if not METHODS[m].not_in_vllm)
+                raise UserError(f"--engine vllm: method '{name}' is not available ({METHODS[name].not_in_vllm}); "
+                                f"vLLM runs {runs} (suffix needs arctic-inference in vLLM's venv)")
+
+    @property
+    def uses_ray(self) -> bool:
+        return self.workers > 1 or bool(self.ray_address)
+
+    @property
+    def recorded_methods(self) -> list[str]:
+        """The methods decoded, the `ar` baseline first (it runs for pairing even when not asked for)."""
+        return [BASELINE] + [m for m in self.methods if m != BASELINE]
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -147,20 +246,13 @@ def git_commit() -> str:
         return "unknown"
 
 
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
-
-
-def environment(device: torch.device) -> dict:
+def environment() -> dict:
+    """The machine and software facts of this process (the device's own facts come from the engine)."""
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "versions": package_versions(),
         "git_commit": git_commit(),
-        "device_name": device_name(device),
-        "cuda": torch.version.cuda,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "argv": sys.argv,
     }

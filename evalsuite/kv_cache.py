@@ -5,9 +5,9 @@ K and V per layer, a copy that grows with the context), and its `StaticCache` at
 preallocated length and cannot be cropped. Speculative decoding verifies a short block after a long
 context and then rolls back the rejected tail, so what it needs is:
 
-- `GrowableLayer`: per-layer K/V buffers `[batch, kv_heads, capacity, head_dim]` allocated once and grown
-  in chunks when a longer context arrives; `update` writes the new block in place and returns *views*
-  of the filled length (no copy); `crop` only moves the length back.
+- `GrowableLayer`: per-layer K/V in `evalsuite.buffers.GrowableBuffer`s `[batch, kv_heads, capacity, head_dim]`,
+  allocated once and grown in chunks when a longer context arrives; `update` writes the new block in place and
+  returns *views* of the filled length (no copy); `crop` only moves the length back.
 - `KVCache`: a transformers `Cache` made of those layers, so the Hugging Face modeling code runs unchanged
   (masks, positions, hidden states). Sliding-window layer types keep their full history: the mask, built
   from absolute positions, applies the window, and rollback stays exact.
@@ -22,69 +22,56 @@ from __future__ import annotations
 
 import torch
 from transformers import AttentionInterface
-from transformers.cache_utils import Cache, DynamicLayer, get_layer_types_and_kwargs
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, get_layer_types_and_kwargs
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from evalsuite.buffers import GrowableBuffer
 from evalsuite.errors import UserError
 
 ATTENTION = "evalsuite_sdpa"
-CACHE_KINDS = ("static", "dynamic")
 DEFAULT_CHUNK = 1024
 _SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 class GrowableLayer(DynamicLayer):
-    """One layer's K/V in preallocated buffers; `keys`/`values` are views of the filled part."""
+    """One layer's K/V in `GrowableBuffer`s (grown in chunks); `keys`/`values` are views of the filled part."""
 
     is_croppable = True
 
     def __init__(self, chunk: int = DEFAULT_CHUNK, sliding: bool = False):
         super().__init__()
-        self.chunk = chunk
         self.is_sliding = sliding  # tells transformers' mask builder which layers are sliding; history is kept whole
         self.length = 0
-        self._k: torch.Tensor | None = None
-        self._v: torch.Tensor | None = None
+        self._k = GrowableBuffer(axis=-2, chunk=chunk)
+        self._v = GrowableBuffer(axis=-2, chunk=chunk)
         self._reserved = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
-        self._allocate(key_states, value_states, max(self._reserved, key_states.shape[-2]))
+        self._grow(key_states, value_states, max(self._reserved, key_states.shape[-2]))
         self.is_initialized = True
 
-    def _allocate(self, key_states: torch.Tensor, value_states: torch.Tensor, need: int) -> None:
-        capacity = -(-need // self.chunk) * self.chunk
-        old_k, old_v = self._k, self._v
-        shape_k = (*key_states.shape[:-2], capacity, key_states.shape[-1])
-        shape_v = (*value_states.shape[:-2], capacity, value_states.shape[-1])
-        self._k = torch.empty(shape_k, dtype=key_states.dtype, device=key_states.device)
-        self._v = torch.empty(shape_v, dtype=value_states.dtype, device=value_states.device)
-        if old_k is not None and self.length:
-            self._k[..., : self.length, :].copy_(old_k[..., : self.length, :])
-            self._v[..., : self.length, :].copy_(old_v[..., : self.length, :])
+    def _grow(self, key_like: torch.Tensor, value_like: torch.Tensor, size: int) -> None:
+        self._k.ensure(key_like, size, keep=self.length)
+        self._v.ensure(value_like, size, keep=self.length)
 
     @property
     def capacity(self) -> int:
-        return 0 if self._k is None else self._k.shape[-2]
+        return self._k.capacity
 
     def reserve(self, length: int) -> None:
         """Make room for `length` tokens now, so that no later forward pays for a reallocation."""
         self._reserved = max(self._reserved, length)
-        if self._k is not None and length > self.capacity:
-            self._allocate(self._k, self._v, length)
+        if self._k.data is not None:
+            self._grow(self._k.data, self._v.data, length)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        end = self.length + key_states.shape[-2]
-        if end > self.capacity:
-            self._allocate(self._k, self._v, end)
-        self._k[..., self.length: end, :].copy_(key_states)
-        self._v[..., self.length: end, :].copy_(value_states)
-        self.length = end
-        self.keys = self._k[..., :end, :]
-        self.values = self._v[..., :end, :]
+        self.keys = self._k.write(self.length, key_states)
+        self.values = self._v.write(self.length, value_states)
+        self.length += key_states.shape[-2]
         return self.keys, self.values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -101,15 +88,15 @@ class GrowableLayer(DynamicLayer):
         if tokens_to_remove > 0:
             raise ValueError("crop takes a negative number of tokens to remove")
         self.length = max(self.length + tokens_to_remove, 0)
-        if self._k is not None:
-            self.keys = self._k[..., : self.length, :]
-            self.values = self._v[..., : self.length, :]
+        if self._k.data is not None:
+            self.keys = self._k.view(self.length)
+            self.values = self._v.view(self.length)
 
     def reset(self) -> None:
         self.crop(-self.length)
 
     def nbytes(self) -> int:
-        return 0 if self._k is None else self._k.nbytes + self._v.nbytes
+        return self._k.nbytes + self._v.nbytes
 
 
 class KVCache(Cache):
@@ -125,11 +112,30 @@ class KVCache(Cache):
         super().__init__(layers=[GrowableLayer(chunk, sliding=t == "sliding_attention") for t in layer_types])
 
     def reserve(self, length: int) -> None:
+        """Room for `length` tokens in every layer, before a timed decode."""
         for layer in self.layers:
             layer.reserve(length)
 
+    def crop_to(self, length: int) -> None:
+        """Keep the first `length` tokens (rollback of rejected drafts)."""
+        for layer in self.layers:
+            layer.crop(min(length - layer.length, 0))
+
     def nbytes(self) -> int:
         return sum(layer.nbytes() for layer in self.layers)
+
+
+class DynamicKVCache(DynamicCache):
+    """transformers' `DynamicCache` (`--kv-cache dynamic`, the engine before the static cache) with the same
+    reserve/crop interface: nothing to reserve, since it concatenates on every forward."""
+
+    def reserve(self, length: int) -> None:
+        pass
+
+    def crop_to(self, length: int) -> None:
+        excess = self.get_seq_length() - length
+        if excess > 0:
+            self.crop(-excess)  # transformers 5 takes the number of tokens to remove, as a negative int
 
 
 def check_supported(config) -> None:

@@ -43,12 +43,12 @@ def make_plan(runner) -> Plan:
     """The plan of a loaded `Runner` for its pending (method, sample) pairs."""
     cap = runner.config.max_turns or 10**9
     units = runner.pending_units()
-    recorded = [m for m in runner.drafters if runner.is_recorded(m)]
-    finished = sum(runner.store.is_finished(m, t.sample_id) for t in runner.trajectories for m in recorded)
+    finished = sum(runner.is_finished(m, t.sample_id) for t in runner.trajectories for m in runner.methods)
     turns = sum(min(len(u.trajectory.turns), cap) for u in units)
     decodes = sum(min(len(u.trajectory.turns), cap) * len(u.methods) for u in units)
-    methods = [m for m in runner.drafters if any(m in u.methods for u in units)]
-    token_s = measure_forward(runner.target) if units else 0.0
+    methods = [m for m in runner.methods if any(m in u.methods for u in units)]
+    target = getattr(runner.engine, "target", None)
+    token_s = measure_forward(target) if units and target is not None else 0.0
     return Plan(len(runner.trajectories), len(units), turns, methods, decodes, finished,
                 runner.config.max_new_tokens, token_s)
 
@@ -56,7 +56,7 @@ def make_plan(runner) -> Plan:
 def measure_forward(target, context: int = 64, repeats: int = 5) -> float:
     """Median seconds of a one-token target forward after a short context (the first calls are not timed)."""
     cache = target.new_cache()
-    target.reserve(cache, context + repeats + 2)
+    cache.reserve(context + repeats + 2)
     ids = torch.arange(context, device=target.device) % max(target.vocab_size, 1)
     target.forward(ids, cache, last_only=True)
     token = ids[-1:].clone()

@@ -36,7 +36,6 @@ from evalsuite.tasks.base import Trajectory
 
 STOP = "stop"
 TRUNCATE_LEFT = "truncate-left"
-POLICIES = (STOP, TRUNCATE_LEFT)
 
 Render = Callable[[list[dict]], list[int]]
 
@@ -179,19 +178,25 @@ def split_for_truncation(messages: list[dict], protected_tail: int) -> tuple[lis
 
 
 class MethodReplay:
-    """One method's replay of one trajectory: `context(i)` before turn i, `record_reply(i, text)` after it."""
+    """One method's replay of one trajectory: `context(i)` before turn i, `record_reply(i, text)` after it;
+    `has_turn(i)` says whether turn i exists (up to `max_turns`)."""
 
-    def __init__(self, trajectory: Trajectory, mode: str, policy: ContextPolicy, render: Render):
+    def __init__(self, trajectory: Trajectory, mode: str, policy: ContextPolicy, render: Render,
+                 max_turns: int | None = None):
         if mode not in ("logged", "free"):
             raise ValueError(f"replay mode {mode!r}")
         self.trajectory = trajectory
         self.mode = mode
         self.policy = policy
         self.render = render
+        self.turn_count = len(trajectory.turns[:max_turns])
         self.history: list[dict] = []
         self.logged_replies = 0  # replies in the history taken from the log
         self.model_replies = 0  # replies in the history the model produced
         self.broken = ""  # why later turns have no history to continue from
+
+    def has_turn(self, index: int) -> bool:
+        return index < self.turn_count
 
     def context(self, index: int) -> TurnContext:
         turn = self.trajectory.turns[index]
@@ -220,6 +225,13 @@ class MethodReplay:
         else:
             what = "has no logged reply" if self.mode == "logged" else "produced no reply (free replay)"
             self.broken = f"turn {index} was skipped and {what}, so this turn has no history to continue from"
+
+    def replay_stored(self, index: int, output_text: str | None) -> TurnContext:
+        """Turn `index` as a stored run saw it: its context, then its stored reply (None when it was skipped), so
+        the history continues exactly as it did (resume, `evalsuite compare`, span labelling)."""
+        context = self.context(index)
+        self.record_reply(index, None if context.skipped else output_text)
+        return context
 
     def _label(self) -> str:
         if self.mode == "free" or (self.model_replies and not self.logged_replies):

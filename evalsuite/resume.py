@@ -13,7 +13,7 @@ import shlex
 from pathlib import Path
 
 from evalsuite.config import DRIFT_FIELDS, PER_METHOD_DRIFT_FIELDS, drift_value
-from evalsuite.target import file_sha256
+from evalsuite.hashing import file_sha256
 
 
 def differences(previous: dict, current: dict) -> list[str]:

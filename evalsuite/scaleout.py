@@ -30,33 +30,18 @@ SHARED_CPU_WARNING = ("warning: {n} CPU workers share the cores of {hosts}: thei
                       "speedups) are not comparable to single-worker runs; τ is unaffected")
 
 
-@dataclass
-class ScaleOptions:
-    workers: int = 1
-    address: str | None = None  # join this cluster (or RAY_ADDRESS) instead of starting a local one
-    gpus_per_worker: float | None = None  # None: 1 with --device cuda, 0 on cpu; fractions share a GPU
-    threads_per_worker: int | None = None  # torch threads per worker; None: the node's cores / workers (CPU)
+def worker_gpus(config) -> float:
+    """GPUs per worker: --gpus-per-worker, else 1 with --device cuda and 0 on cpu (fractions share a GPU)."""
+    if config.gpus_per_worker is not None:
+        return config.gpus_per_worker
+    return 1.0 if config.device.startswith("cuda") else 0.0
 
-    def validate(self, device: str) -> None:
-        if self.workers < 1:
-            raise UserError(f"--workers {self.workers}: must be >= 1")
-        if self.gpus_per_worker is not None and self.gpus_per_worker < 0:
-            raise UserError(f"--gpus-per-worker {self.gpus_per_worker}: must be >= 0")
-        if self.gpus_per_worker and not device.startswith("cuda"):
-            raise UserError(f"--gpus-per-worker {self.gpus_per_worker} with --device {device}: pass --device cuda "
-                            "or --gpus-per-worker 0")
-        if self.threads_per_worker is not None and self.threads_per_worker < 1:
-            raise UserError(f"--threads-per-worker {self.threads_per_worker}: must be >= 1")
 
-    def gpus(self, device: str) -> float:
-        if self.gpus_per_worker is not None:
-            return self.gpus_per_worker
-        return 1.0 if device.startswith("cuda") else 0.0
-
-    def threads(self) -> int:
-        if self.threads_per_worker is not None:
-            return self.threads_per_worker
-        return max(1, (os.cpu_count() or 1) // self.workers)
+def worker_threads(config) -> int:
+    """torch threads per worker: --threads-per-worker, else the node's cores / --workers."""
+    if config.threads_per_worker is not None:
+        return config.threads_per_worker
+    return max(1, (os.cpu_count() or 1) // config.workers)
 
 
 def import_ray():
@@ -72,13 +57,12 @@ class ReplayWorker:
     """A Ray actor: one Runner with the target and drafters loaded once; runs units by sample id."""
 
     def __init__(self, config, run_dir: str, threads: int, gpus: float):
-        import torch
+        from dataclasses import replace
 
         from evalsuite.runner import Runner
 
-        torch.set_num_threads(threads)
         self.error: UserError | None = None
-        self.runner = Runner(config, Path(run_dir))
+        self.runner = Runner(replace(config, threads=threads), Path(run_dir))
         if gpus:
             import ray
 
@@ -94,37 +78,29 @@ class ReplayWorker:
     def info(self) -> dict:
         if self.error is not None:
             raise self.error
-        import torch
-
         return {"host": self.runner.worker_host, "device": self.runner.worker_device,
-                "threads": torch.get_num_threads(), "pid": os.getpid()}
+                "threads": self.runner.config.threads, "pid": os.getpid()}
 
     def describe(self) -> dict:
         return self.runner.describe()
 
     def pending_ids(self) -> list[str]:
-        return [t.sample_id for t in self.runner.pending()]
+        return [unit.trajectory.sample_id for unit in self.runner.pending_units()]
 
     def run_unit(self, sample_id: str) -> dict:
-        """Decode one trajectory with every method, write its parts; return what the driver's bar shows."""
-        self.runner.run_unit(self.by_id[sample_id])
-        return {"sample_id": sample_id, "pid": os.getpid(), "tau_sums": self._tau_sums(sample_id)}
+        """Decode one trajectory with every method, write its turns; return what the driver's bar shows: per method,
+        τ's sums over the steps it recorded (`metrics.tau_sums`)."""
+        from evalsuite.runner import Progress
 
-    def _tau_sums(self, sample_id: str) -> dict[str, tuple[float, int]]:
-        """Per method, (sum of accepted + 1 over the verify steps τ counts, their number) from the steps parts now in
-        the store (steps the token budget left no room to draft are not counted, as in τ)."""
-        import pyarrow.parquet as pq
+        sums: dict[str, list] = {}
 
-        from evalsuite.records import pair_key
+        def collect(info: dict) -> None:
+            sums.setdefault(info["method"], []).append(info["tau_sums"])
 
-        sums = {}
-        for method in self.runner.drafters:
-            part = self.runner.store.steps_dir / f"{pair_key(method, sample_id)}.parquet"
-            if part.exists():
-                rows = pq.read_table(part, columns=["num_accepted", "budget_limited"]).to_pylist()
-                counted = [r for r in rows if not r["budget_limited"]]
-                sums[method] = (sum(r["num_accepted"] + 1 for r in counted), len(counted))
-        return sums
+        self.runner.refresh_stored()
+        self.runner.run_unit(self.by_id[sample_id], Progress(0, collect))
+        return {"sample_id": sample_id, "pid": os.getpid(),
+                "tau_sums": {m: (sum(a for a, _ in v), sum(n for _, n in v)) for m, v in sums.items()}}
 
 
 @dataclass
@@ -137,40 +113,39 @@ class RayRun:
     shared_cpu_hosts: list[str]
 
 
-def run_on_ray(config, run_dir: Path, options: ScaleOptions, say: Callable[[str], None] = print,
+def run_on_ray(config, run_dir: Path, say: Callable[[str], None] = print,
                on_start: Callable[[RayRun], None] | None = None,
                on_unit: Callable[[dict], None] | None = None) -> RayRun:
-    """Run every pending unit of `config` on `options.workers` Ray actors; returns when the store is complete.
+    """Run every pending unit of `config` on `config.workers` Ray actors; returns when the store is complete.
 
     `on_start` gets the worker facts once the actors are loaded, `on_unit` each finished unit's summary.
-    Joins the cluster at `options.address` or RAY_ADDRESS, or one already initialised in this process;
+    Joins the cluster at `config.ray_address` or RAY_ADDRESS, or one already initialised in this process;
     otherwise starts a local cluster sized for the workers and stops it at the end.
     """
     config.validate()
-    options.validate(config.device)
     ray = import_ray()
     from ray.util import ActorPool
 
-    from evalsuite.records import RunStore
     from evalsuite.runner import write_run_config
+    from evalsuite.store import RunStore
 
     config = _absolute_paths(config)
     run_dir = Path(run_dir).resolve()
     RunStore(run_dir).prepare()
-    gpus, threads = options.gpus(config.device), options.threads()
-    started_here = _connect(ray, options, gpus, threads)
+    gpus, threads = worker_gpus(config), worker_threads(config)
+    started_here = _connect(ray, config, gpus, threads)
     actors = []
     try:
         worker_cls = ray.remote(ReplayWorker).options(
             num_cpus=threads, num_gpus=gpus, max_restarts=MAX_RESTARTS, max_task_retries=MAX_TASK_RETRIES)
         if config.device.startswith("cuda"):
             config.device = "cuda"  # each actor sees only its own GPU(s), as cuda:0
-        actors = [worker_cls.remote(config, str(run_dir), threads, gpus) for _ in range(options.workers)]
+        actors = [worker_cls.remote(config, str(run_dir), threads, gpus) for _ in range(config.workers)]
         workers = _get(ray, [a.info.remote() for a in actors])
         description = _get(ray, actors[0].describe.remote())
         shared = _shared_cpu_hosts(workers, gpus)
         description["scaleout"] = {
-            "workers": options.workers, "ray_version": ray.__version__, "ray_address": options.address or
+            "workers": config.workers, "ray_version": ray.__version__, "ray_address": config.ray_address or
             os.environ.get("RAY_ADDRESS") or ("local" if started_here else "existing"),
             "gpus_per_worker": gpus, "threads_per_worker": threads, "shared_cpu": bool(shared),
             "shared_cpu_hosts": shared, "driver_host": socket.gethostname(),
@@ -189,6 +164,7 @@ def run_on_ray(config, run_dir: Path, options: ScaleOptions, say: Callable[[str]
         for result in _results(ray, pool.map_unordered(lambda actor, sid: actor.run_unit.remote(sid), pending)):
             if on_unit:
                 on_unit(result)
+        RunStore(run_dir).compact()  # every worker is done: a finished run is a handful of files
         return info
     finally:
         for actor in actors:
@@ -197,9 +173,9 @@ def run_on_ray(config, run_dir: Path, options: ScaleOptions, say: Callable[[str]
             ray.shutdown()
 
 
-def _connect(ray, options: ScaleOptions, gpus: float, threads: int) -> bool:
+def _connect(ray, config, gpus: float, threads: int) -> bool:
     """Join a cluster or start a local one; True when this call started it (and must stop it)."""
-    address = options.address or os.environ.get("RAY_ADDRESS")
+    address = config.ray_address or os.environ.get("RAY_ADDRESS")
     quiet = dict(logging_level=logging.ERROR, log_to_driver=False)
     if ray.is_initialized():
         return False
@@ -213,13 +189,13 @@ def _connect(ray, options: ScaleOptions, gpus: float, threads: int) -> bool:
 
     cores = os.cpu_count() or 1
     # Declare at least what the workers ask for: oversubscribed cores still run (and are flagged as shared).
-    ray.init(num_cpus=max(cores, threads * options.workers),
+    ray.init(num_cpus=max(cores, threads * config.workers),
              num_gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0,
              include_dashboard=False, **quiet)
     available = ray.cluster_resources().get("GPU", 0)
-    if gpus * options.workers > available:
+    if gpus * config.workers > available:
         ray.shutdown()
-        raise UserError(f"--workers {options.workers} x --gpus-per-worker {gpus} needs {gpus * options.workers:g} "
+        raise UserError(f"--workers {config.workers} x --gpus-per-worker {gpus} needs {gpus * config.workers:g} "
                         f"GPUs; this node has {available:g}")
     return True
 

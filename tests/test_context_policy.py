@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from evalsuite.chat_format import fit_to_template
+from evalsuite.chat import fit_to_template
 from evalsuite.errors import UserError
 from evalsuite.replay import MethodReplay, Window, check_replay_mode, make_policy, split_for_truncation
 from evalsuite.testing import byte_tokenizer

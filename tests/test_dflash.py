@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from evalsuite.errors import UserError
-from evalsuite.methods import get_method
-from evalsuite.methods.ar import AutoregressiveBaseline
+from evalsuite.methods.base import get_method
+from evalsuite.methods.ar import AutoregressiveMethod
 from evalsuite.methods.base import Sampling
-from evalsuite.methods.dflash import DeepSpecDFlashDrafter, ZLabDFlashDrafter
-from tests.block_drafter_kit import (
+from evalsuite.methods.dflash import DeepSpecDFlashMethod, ZLabDFlashMethod
+from tests.helpers import (
     PROMPT, assert_cache_matches_rebuild, decode, deepspec_checkpoint, scripted_commits, zlab_checkpoint,
 )
 
@@ -30,14 +30,14 @@ def ar_outputs():
 def reference(target, ar_outputs, max_new=40):
     key = (target.config.model_type, max_new)
     if key not in ar_outputs:
-        ar_outputs[key] = decode(target, AutoregressiveBaseline(target.device), PROMPT, max_new, k=1).output_ids
+        ar_outputs[key] = decode(target, AutoregressiveMethod(target.device), PROMPT, max_new, k=1).output_ids
     return ar_outputs[key]
 
 
 def test_zlab_checkpoint_is_lossless(tiny_target, tmp_path, ar_outputs):
     path = zlab_checkpoint(tmp_path / "zlab", tiny_target)
     drafter = build(tiny_target, {"drafter": str(path)})
-    assert isinstance(drafter, ZLabDFlashDrafter) and drafter.feature_layers == (0, 1, 2)
+    assert isinstance(drafter, ZLabDFlashMethod) and drafter.feature_layers == (0, 1, 2)
     info = drafter.describe()
     assert info["weights"] == "checkpoint" and info["layout"] == "zlab" and len(info["checkpoint_sha256"]) == 64
     for k in (3, 15):
@@ -49,7 +49,7 @@ def test_zlab_checkpoint_is_lossless(tiny_target, tmp_path, ar_outputs):
 def test_block7_checkpoint_is_lossless(tiny_target, tmp_path, ar_outputs):
     path = deepspec_checkpoint(tmp_path / "block7", tiny_target, markov_rank=0, confidence=False)
     drafter = build(tiny_target, {"drafter": str(path)})
-    assert isinstance(drafter, DeepSpecDFlashDrafter) and drafter.describe()["layout"] == "block7"
+    assert isinstance(drafter, DeepSpecDFlashMethod) and drafter.describe()["layout"] == "block7"
     assert drafter.markov is None and drafter.confidence is None
     result = decode(tiny_target, drafter, PROMPT, 40, k=7)
     assert result.output_ids == reference(tiny_target, ar_outputs)

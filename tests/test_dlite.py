@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from evalsuite.errors import UserError
-from evalsuite.methods import get_method
-from evalsuite.methods.ar import AutoregressiveBaseline
+from evalsuite.methods.base import get_method
+from evalsuite.methods.ar import AutoregressiveMethod
 from evalsuite.methods.base import Sampling
 from evalsuite.methods.dlite import dlite_layer_ids
 from evalsuite.target import TargetModel
-from tests.block_drafter_kit import PROMPT, decode, dlite_checkpoint
+from tests.helpers import PROMPT, decode, dlite_checkpoint
 
 build = get_method("dlite").factory
 
@@ -33,7 +33,7 @@ def test_layer_rule_matches_the_reference_examples():
 
 @pytest.mark.parametrize("group", [1, 2])
 def test_checkpoint_is_lossless(tiny_target, tmp_path, group):
-    reference = decode(tiny_target, AutoregressiveBaseline(tiny_target.device), PROMPT, 40, k=1).output_ids
+    reference = decode(tiny_target, AutoregressiveMethod(tiny_target.device), PROMPT, 40, k=1).output_ids
     drafter = build(tiny_target, {"drafter": str(dlite_checkpoint(tmp_path / "dl", tiny_target,
                                                                    anchor_group_size=group))})
     info = drafter.describe()

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from evalsuite.errors import UserError
-from evalsuite.methods import get_method
-from evalsuite.methods.ar import AutoregressiveBaseline
+from evalsuite.methods.base import get_method
+from evalsuite.methods.ar import AutoregressiveMethod
 from evalsuite.methods.base import Sampling
 from evalsuite.target import TargetModel
-from tests.block_drafter_kit import (
+from tests.helpers import (
     PROMPT, assert_cache_matches_rebuild, decode, deepspec_checkpoint, scripted_commits,
 )
 
@@ -33,7 +33,7 @@ def _started(drafter, target, n=len(PROMPT) - 1, seed=0):
 
 
 def test_checkpoint_is_lossless(tiny_target, tmp_path):
-    reference = decode(tiny_target, AutoregressiveBaseline(tiny_target.device), PROMPT, 40, k=1).output_ids
+    reference = decode(tiny_target, AutoregressiveMethod(tiny_target.device), PROMPT, 40, k=1).output_ids
     drafter = build(tiny_target, {"drafter": str(deepspec_checkpoint(tmp_path / "ds", tiny_target))})
     info = drafter.describe()
     assert info["weights"] == "checkpoint" and info["markov_head"] == "vanilla" and info["confidence_head"]
@@ -48,7 +48,7 @@ def test_checkpoint_is_lossless(tiny_target, tmp_path):
 
 @pytest.mark.parametrize("kind", ["gated", "rnn"])
 def test_markov_variants_are_lossless(qwen3_target, tmp_path, kind):
-    reference = decode(qwen3_target, AutoregressiveBaseline(qwen3_target.device), PROMPT, 30, k=1).output_ids
+    reference = decode(qwen3_target, AutoregressiveMethod(qwen3_target.device), PROMPT, 30, k=1).output_ids
     path = deepspec_checkpoint(tmp_path / kind, qwen3_target, markov_head_type=kind, with_markov=kind == "gated")
     drafter = build(qwen3_target, {"drafter": str(path)})
     assert drafter.describe()["markov_head"] == kind
@@ -136,7 +136,7 @@ def test_embed_and_head_fall_back_to_the_target(qwen3_target, tmp_path):
     info = drafter.describe()
     assert info["embed_tokens"] == "target (not in checkpoint)" and info["lm_head"] == "target (not in checkpoint)"
     assert drafter.embed is qwen3_target.embed_tokens and drafter.lm_head is qwen3_target.lm_head
-    reference = decode(qwen3_target, AutoregressiveBaseline(qwen3_target.device), PROMPT, 20, k=1).output_ids
+    reference = decode(qwen3_target, AutoregressiveMethod(qwen3_target.device), PROMPT, 20, k=1).output_ids
     assert decode(qwen3_target, drafter, PROMPT, 20, k=7).output_ids == reference
 
 
@@ -174,6 +174,9 @@ def test_mismatch_is_a_one_line_error(qwen3_target, tmp_path, change, message):
     assert "\n" not in str(err.value)
 
 
-def test_bad_threshold_is_refused(qwen3_target):
-    with pytest.raises(UserError, match="confidence-threshold"):
-        build(qwen3_target, {"drafter": "random", "confidence_threshold": 1.5})
+def test_bad_threshold_is_refused():
+    from evalsuite.config import RunConfig
+
+    config = RunConfig(methods=["dspark"], task="gsm8k", method_options={"dspark": {"confidence_threshold": "1.5"}})
+    with pytest.raises(UserError, match=r"dspark.confidence_threshold=1.5: must be in \[0, 1\]"):
+        config.validate()

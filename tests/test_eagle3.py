@@ -11,13 +11,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from evalsuite.engine import decode_turn
+from evalsuite.engines.loop import decode_turn
 from evalsuite.errors import UserError
-from evalsuite.methods.ar import AutoregressiveBaseline
+from evalsuite.methods.ar import AutoregressiveMethod
 from evalsuite.methods.base import Sampling
 from evalsuite.methods.draft_layers import evenly_spaced_zlab
-from evalsuite.methods.eagle3 import DEEPSPEC, SPECFORGE, DraftKVCache, Eagle3Drafter, build
-from evalsuite.runner import PrefixCache
+from evalsuite.methods.eagle3 import DEEPSPEC, SPECFORGE, DraftKVCache, Eagle3Method, build
+from evalsuite.engines.hf import PrefixCache
 from evalsuite.target import TargetModel
 from evalsuite.testing import build_tiny_target
 from evalsuite.timing import DeviceClock
@@ -160,7 +160,7 @@ def test_released_formats_load_and_are_lossless_at_t0(targets, checkpoints, arch
     else:
         assert drafter.feature_layers == (1, 2, 3, 4, 5) and info["embed_tokens"] == "checkpoint"
         assert drafter.model.layers[0].self_attn.q_norm is not None
-    reference = decode(target, AutoregressiveBaseline(target.device), PROMPT)
+    reference = decode(target, AutoregressiveMethod(target.device), PROMPT)
     for k in (1, 4, 7):
         assert decode(target, drafter, PROMPT, k=k).output_ids == reference.output_ids, k
 
@@ -177,7 +177,7 @@ def test_specforge_checkpoint_embedding_is_used_when_present(targets, checkpoint
 class Recorder:
     """Wraps the draft model's forward: records (positions, tokens, hidden input) of every cache extension."""
 
-    def __init__(self, drafter: Eagle3Drafter):
+    def __init__(self, drafter: Eagle3Method):
         self.calls = []
         self.outputs = []
         inner = drafter.model.forward
@@ -231,7 +231,7 @@ def test_draft_cache_layout_on_a_hand_worked_example(targets, checkpoints):
     assert rec.calls[4][0] == [7]  # the next proposal continues after the new anchor (position 7)
 
 
-class RebuildingDrafter(Eagle3Drafter):
+class RebuildingMethod(Eagle3Method):
     """Rebuilds its draft cache from the whole context at every commit (no cropping ever happens)."""
 
     def start_turn(self, ids, features):
@@ -264,7 +264,7 @@ def test_cropped_cache_equals_cache_rebuilt_every_step(targets, checkpoints, fmt
     target = targets["qwen3"]
     incremental = build(target, {"drafter": str(checkpoints[fmt])})
     rebuilt = build(target, {"drafter": str(checkpoints[fmt])})
-    rebuilt.__class__ = RebuildingDrafter
+    rebuilt.__class__ = RebuildingMethod
     logs = [_log_proposals(incremental), _log_proposals(rebuilt)]
     sampling = Sampling(temperature=1.0)
     results = [decode(target, d, PROMPT, max_new=80, k=4, sampling=sampling, seed=3) for d in (incremental, rebuilt)]
@@ -356,5 +356,5 @@ def test_random_init_default_follows_the_target(targets):
     assert small.feature_layers == (1, 3, 4) and small.model.lm_head.weight.shape == (100, HIDDEN)
     again = build(target, {"drafter": "random"})
     assert torch.equal(again.model.fc.weight, drafter.model.fc.weight)  # seeded
-    reference = decode(target, AutoregressiveBaseline(target.device), PROMPT, max_new=24)
+    reference = decode(target, AutoregressiveMethod(target.device), PROMPT, max_new=24)
     assert decode(target, small, PROMPT, max_new=24).output_ids == reference.output_ids

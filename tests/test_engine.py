@@ -8,68 +8,19 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from evalsuite.engine import decode_turn
-from evalsuite.methods.ar import AutoregressiveBaseline
-from evalsuite.methods.base import Drafter, Proposal, Sampling
-from evalsuite.methods.ngram import PromptLookupDrafter
-from evalsuite.runner import PrefixCache
-from evalsuite.sampling import accept_greedy, accept_rejection, target_probs
+from evalsuite.engines.acceptance import accept_greedy, accept_rejection, target_probs
+from evalsuite.methods.ar import AutoregressiveMethod
+from evalsuite.methods.base import Sampling
+from evalsuite.methods.ngram import PromptLookupMethod
 from evalsuite.target import TargetModel
 from evalsuite.testing import tiny_config
-from evalsuite.timing import DeviceClock
-
-
-class RandomDrafter(Drafter):
-    """A deliberately bad drafter: uniform random tokens, with their true (uniform) proposal distribution."""
-
-    name = "random"
-
-    def __init__(self, vocab_size: int, seed: int = 123):
-        self.vocab_size = vocab_size
-        self.rng = torch.Generator().manual_seed(seed)
-
-    def propose(self, k, sampling, generator):
-        tokens = torch.randint(0, self.vocab_size, (k,), generator=self.rng)
-        probs = torch.full((k, self.vocab_size), 1.0 / self.vocab_size)
-        return Proposal(tokens=tokens, probs=probs)
-
-
-class OracleDrafter(Drafter):
-    """Proposes a fixed future token sequence: lets a test choose exactly where rejections happen."""
-
-    name = "oracle"
-
-    def __init__(self, future: list[int]):
-        self.future = future
-        self.position = 0
-
-    def start_turn(self, ids, features):
-        self.position = 1  # the anchor is future[0]
-
-    def propose(self, k, sampling, generator):
-        return Proposal(tokens=torch.tensor(self.future[self.position: self.position + k], dtype=torch.long))
-
-    def commit(self, new_ids, new_features):
-        self.position += new_ids.numel()
-
-
-def decode(target: TargetModel, drafter: Drafter, prompt: list[int], max_new: int, k: int = 4,
-           sampling: Sampling = Sampling(), seed: int = 0):
-    prefix = PrefixCache(target, drafter.feature_layers)
-    prefix.prefill(prompt)
-    context = torch.tensor(prompt, dtype=torch.long)
-    return decode_turn(target, drafter, prefix.cache, context, prefix.features_for(drafter.feature_layers),
-                       prefix.last_logits, k, sampling, max_new, torch.Generator().manual_seed(seed),
-                       DeviceClock(target.device))
-
-
-PROMPTS = [[1, 40, 41, 42, 43, 40, 41, 42], [1, 100, 7, 7, 7, 7, 9, 100, 7], list(range(4, 60))]
+from tests.helpers import PROMPTS, OracleMethod, RandomMethod, decode
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_speculative_equals_autoregressive(tiny_target, prompt):
-    reference = decode(tiny_target, AutoregressiveBaseline(tiny_target.device), prompt, 48)
-    for drafter in (PromptLookupDrafter(tiny_target.device), RandomDrafter(tiny_target.vocab_size)):
+    reference = decode(tiny_target, AutoregressiveMethod(tiny_target.device), prompt, 48)
+    for drafter in (PromptLookupMethod(tiny_target.device), RandomMethod(tiny_target.vocab_size)):
         for k in (1, 3, 7):
             result = decode(tiny_target, drafter, prompt, 48, k=k)
             assert result.output_ids == reference.output_ids, (drafter.name, k)
@@ -77,17 +28,17 @@ def test_greedy_speculative_equals_autoregressive(tiny_target, prompt):
 
 def test_ngram_gets_real_acceptance_on_repetitive_text(tiny_target):
     """The tiny random model falls into loops quickly; prompt lookup must then accept drafts."""
-    result = decode(tiny_target, PromptLookupDrafter(tiny_target.device), PROMPTS[1], 120, k=5)
+    result = decode(tiny_target, PromptLookupMethod(tiny_target.device), PROMPTS[1], 120, k=5)
     assert sum(s.num_accepted for s in result.steps) > 0
 
 
 def test_step_bookkeeping(tiny_target):
     prompt = PROMPTS[0]
-    reference = decode(tiny_target, AutoregressiveBaseline(tiny_target.device), prompt, 40)
+    reference = decode(tiny_target, AutoregressiveMethod(tiny_target.device), prompt, 40)
     # The oracle knows the answer except at output index 3, which the first step drafts (slots 1..4).
     future = list(reference.output_ids)
     wrong = future[:3] + [(future[3] + 1) % tiny_target.vocab_size] + future[4:]
-    result = decode(tiny_target, OracleDrafter(wrong), prompt, 40, k=4)
+    result = decode(tiny_target, OracleMethod(wrong), prompt, 40, k=4)
     assert result.output_ids == reference.output_ids
     context = len(prompt)
     for step in result.steps:
@@ -102,21 +53,21 @@ def test_step_bookkeeping(tiny_target):
 
 def test_max_new_tokens_is_exact(tiny_target):
     for limit in (1, 2, 13):
-        result = decode(tiny_target, PromptLookupDrafter(tiny_target.device), PROMPTS[0], limit, k=7)
+        result = decode(tiny_target, PromptLookupMethod(tiny_target.device), PROMPTS[0], limit, k=7)
         assert len(result.output_ids) == limit and result.stop_reason == "max_new_tokens"
 
 
 def test_eos_inside_accepted_drafts_ends_the_turn(tiny_target):
     """Declare the model's 4th greedy token a stop token: the output must end right there, even though the
     step that accepts it drafted further."""
-    reference = decode(tiny_target, AutoregressiveBaseline(tiny_target.device), PROMPTS[2], 12).output_ids
+    reference = decode(tiny_target, AutoregressiveMethod(tiny_target.device), PROMPTS[2], 12).output_ids
     stop = reference[3]
-    original = tiny_target.stop_ids
-    tiny_target.stop_ids = frozenset({stop})
+    original = tiny_target.chat.stop_ids
+    tiny_target.chat.stop_ids = frozenset({stop})
     try:
-        result = decode(tiny_target, OracleDrafter(reference), PROMPTS[2], 12, k=7)
+        result = decode(tiny_target, OracleMethod(reference), PROMPTS[2], 12, k=7)
     finally:
-        tiny_target.stop_ids = original
+        tiny_target.chat.stop_ids = original
     assert result.stop_reason == "eos"
     assert result.output_ids == reference[: reference.index(stop) + 1]
     # the first step drafts reference[1..7], all accepted by the target; only those up to the EOS count
@@ -126,11 +77,11 @@ def test_eos_inside_accepted_drafts_ends_the_turn(tiny_target):
 
 def test_a_step_with_no_room_to_draft_is_budget_limited(tiny_target):
     """The last token of the budget comes from a plain one-token step: marked, so τ can leave it out."""
-    reference = decode(tiny_target, AutoregressiveBaseline(tiny_target.device), PROMPTS[2], 12).output_ids
-    result = decode(tiny_target, OracleDrafter(reference), PROMPTS[2], 10, k=4)
+    reference = decode(tiny_target, AutoregressiveMethod(tiny_target.device), PROMPTS[2], 12).output_ids
+    result = decode(tiny_target, OracleMethod(reference), PROMPTS[2], 10, k=4)
     # drafts 4+1, 4+1 → 1 + 5 + 5 > 10: the budget caps the second step at 3 drafts, leaving no room after
     assert [(s.num_drafted, s.budget_limited) for s in result.steps] == [(4, False), (3, False)]
-    result = decode(tiny_target, OracleDrafter(reference), PROMPTS[2], 7, k=4)
+    result = decode(tiny_target, OracleMethod(reference), PROMPTS[2], 7, k=4)
     assert [(s.num_drafted, s.budget_limited) for s in result.steps] == [(4, False), (0, True)]
     assert result.output_ids == reference[:7]
 
@@ -193,7 +144,7 @@ def test_rejection_sampling_end_to_end_matches_target_distribution():
         exact[seq] = float(probs[0, seq[0]] * probs[1, seq[1]] * probs[2, seq[2]])
     counts = dict.fromkeys(exact, 0)
     trials = 3000
-    drafter = RandomDrafter(vocab, seed=11)
+    drafter = RandomMethod(vocab, seed=11)
     for trial in range(trials):
         result = decode(target, drafter, prompt, 3, k=2, sampling=sampling, seed=trial)
         counts[tuple(result.output_ids)] += 1

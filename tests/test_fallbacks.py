@@ -15,11 +15,11 @@ from typer.testing import CliRunner
 from evalsuite import bundled
 from evalsuite.cli import app
 from evalsuite.errors import UserError
-from evalsuite.records import load_turns
+from tests.helpers import load_turns
 from evalsuite.target import cached_weights_hash, weights_hash
 from evalsuite.testing import drop_chat_template
 from evalsuite.tasks.base import LoadOptions, get_task
-from tests.block_drafter_kit import dlite_checkpoint
+from tests.helpers import dlite_checkpoint
 
 cli = CliRunner()
 

@@ -7,9 +7,9 @@ import torch
 from typer.testing import CliRunner
 
 from evalsuite.cli import app
-from evalsuite.methods.ar import AutoregressiveBaseline
-from evalsuite.methods.ngram import PromptLookupDrafter
-from evalsuite.records import load_steps, load_turns
+from evalsuite.methods.ar import AutoregressiveMethod
+from evalsuite.methods.ngram import PromptLookupMethod
+from tests.helpers import load_steps, load_turns
 from evalsuite.target import TargetModel
 
 pytestmark = pytest.mark.integration
@@ -21,12 +21,12 @@ def default_target():
 
 
 def test_default_target_greedy_lossless(default_target):
-    from tests.test_engine import RandomDrafter, decode
+    from tests.helpers import RandomMethod, decode
 
     messages = [{"role": "user", "content": "Repeat this list twice: apple, banana, cherry, date, elderberry."}]
     prompt = default_target.render(messages)
-    reference = decode(default_target, AutoregressiveBaseline(default_target.device), prompt, 64)
-    for drafter in (PromptLookupDrafter(default_target.device), RandomDrafter(default_target.vocab_size)):
+    reference = decode(default_target, AutoregressiveMethod(default_target.device), prompt, 64)
+    for drafter in (PromptLookupMethod(default_target.device), RandomMethod(default_target.vocab_size)):
         result = decode(default_target, drafter, prompt, 64, k=5)
         assert result.output_ids == reference.output_ids, drafter.name
     # and HF generate agrees with our AR loop

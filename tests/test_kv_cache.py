@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from evalsuite.cli import app
 from evalsuite.errors import UserError
 from evalsuite.kv_cache import GrowableLayer, KVCache, gqa_sdpa
-from evalsuite.records import load_turns
+from tests.helpers import load_turns
 from evalsuite.target import TargetModel
 from evalsuite.testing import byte_tokenizer
 
@@ -40,7 +40,7 @@ def test_random_verify_and_rollback_sequences_match_a_fresh_prefill(tiny_target,
         torch.testing.assert_close(out.logits, ref.logits[-n:], rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(out.hidden, ref.hidden[-n:], rtol=1e-4, atol=1e-4)
         keep = rng.randrange(0, n + 1)  # accept a prefix of the block, roll back the rest
-        target.crop(cache, len(ids) + keep)
+        cache.crop_to(len(ids) + keep)
         ids = ids + block[:keep]
         assert cache.get_seq_length() == len(ids)
 
@@ -69,10 +69,10 @@ def test_growth_keeps_the_content_and_writes_in_place():
     k = torch.randn(1, 2, 3, 8)
     keys, _ = layer.update(k, k.clone())
     assert layer.capacity == 4 and torch.equal(keys, k)
-    buffer = layer._k
+    buffer = layer._k.data
     more = torch.randn(1, 2, 1, 8)
     keys, _ = layer.update(more, more.clone())
-    assert layer._k is buffer  # no reallocation while the block fits
+    assert layer._k.data is buffer  # no reallocation while the block fits
     assert keys.data_ptr() == buffer.data_ptr()  # a view of the buffer, not a copy
     grow = torch.randn(1, 2, 6, 8)
     keys, values = layer.update(grow, grow.clone())
@@ -138,7 +138,7 @@ def test_sliding_window_layers_stay_exact_past_the_window(tiny_gemma3_dir):
         ref = fresh(target, ids + block)
         torch.testing.assert_close(out.logits, ref.logits[-len(block):], rtol=1e-4, atol=1e-4)
         keep = rng.randrange(0, len(block) + 1)
-        target.crop(cache, len(ids) + keep)
+        cache.crop_to(len(ids) + keep)
         ids += block[:keep]
 
 
@@ -184,7 +184,7 @@ def test_compiled_decode_and_verify_match_eager(tiny_llama_dir):
         torch.testing.assert_close(outs["compiled"].logits, outs["eager"].logits, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(outs["compiled"].hidden, outs["eager"].hidden, rtol=1e-4, atol=1e-4)
         for name, target in (("eager", eager), ("compiled", compiled)):
-            target.crop(caches[name], caches[name].get_seq_length() - len(block) + 1)  # roll back all but one
+            caches[name].crop_to(caches[name].get_seq_length() - len(block) + 1)  # roll back all but one
 
 
 def test_compile_with_onednn_blocks_is_a_one_line_error(tiny_llama_dir):

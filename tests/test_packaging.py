@@ -74,7 +74,7 @@ def test_wheel_ships_tasks_and_default_drafters(tmp_path):
     found = json.loads(probe.stdout.strip().splitlines()[-1])
     packaged = site / "evalsuite"
     assert Path(found["package"]).parent == packaged  # the unpacked wheel, not the checkout
-    assert found["tasks"] == str(packaged / "_bundled" / "tasks")
+    assert found["tasks"] == str(packaged / "_bundled" / "data")
     assert found["published"] == str(packaged / "_bundled" / "baselines" / "published")
     assert found["dlite"] == str(packaged / "_bundled" / "baselines" / "drafters" / "dlite")
     assert found["eagle3"] == str(packaged / "_bundled" / "baselines" / "drafters" / "eagle3")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from evalsuite.methods.base import Sampling, common_prefix_len, get_method
-from evalsuite.runner import PrefixCache
+from evalsuite.engines.hf import PrefixCache
 from evalsuite.target import TargetModel
 from evalsuite.testing import build_tiny_target
 

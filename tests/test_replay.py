@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from evalsuite.chat_format import fit_to_template
+from evalsuite.chat import fit_to_template
 from evalsuite.config import RunConfig
 from evalsuite.errors import UserError
-from evalsuite.records import load_turns
+from tests.helpers import load_turns
 from evalsuite.runner import Runner
 from evalsuite.target import TargetModel
 from evalsuite.testing import build_tiny_target
@@ -37,13 +37,13 @@ def run(target_dir: Path, out: Path, capture: list | None = None, **overrides) -
     runner = Runner(RunConfig(**options), out)
     runner.load()
     if capture is not None:
-        render = runner._render
+        render = runner.chat.render
 
-        def recording(messages, tools):
+        def recording(messages, tools=None, enable_thinking=False):
             capture.append([dict(m) for m in messages])
-            return render(messages, tools)
+            return render(messages, tools, enable_thinking)
 
-        runner._render = recording
+        runner.chat.render = recording
     runner.run()
     return runner
 

@@ -4,78 +4,20 @@ the mixed-configuration refusal and the published-number matching."""
 from __future__ import annotations
 
 from fractions import Fraction
-from pathlib import Path
 
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from evalsuite import metrics
 from evalsuite.cli import app
 from evalsuite.errors import UserError
-from evalsuite.records import RunStore, StepRecord, TurnRecord
 from evalsuite.report import stats
 from evalsuite.report.build import parse_formats, write_report
 from evalsuite.report.load import load_results
 from evalsuite.report.published import PUBLISHED_DIR, comparison_table, load_published
 from evalsuite.report.tables import Cell, headline_tables, mark_best, to_latex, to_markdown
-
-BASE_CONFIG = {"target_sha256": "t" * 64, "chat_template_sha256": "c" * 16, "enable_thinking": False,
-               "temperature": 0.0, "top_p": 1.0, "top_k": 0, "k": 3, "max_new_tokens": 64, "seed": 0,
-               "replay": "free", "context_policy": "stop", "dtype": "float32", "drafter_sha256": {},
-               "target_name": "HuggingFaceTB/SmolLM2-135M-Instruct (test)", "environment": {"versions": {}}}
-
-
-def turn(steps, decode_s=1.0, new_tokens=10, ar_decode_s=2.0, ar_new_tokens=10, stop_reason="eos",
-         context_len=100, output_ids=(1, 2, 3)):
-    """One turn: `steps` as (num_drafted, num_accepted) pairs."""
-    return {"steps": steps, "decode_s": decode_s, "new_tokens": new_tokens, "ar_decode_s": ar_decode_s,
-            "ar_new_tokens": ar_new_tokens, "stop_reason": stop_reason, "context_len": context_len,
-            "output_ids": list(output_ids)}
-
-
-def skipped_turn(context_len=5000):
-    return turn([], 0.0, 0, 0.0, 0, stop_reason="skipped", context_len=context_len)
-
-
-def write_run(directory: Path, task: str, methods: dict[str, dict[str, list[dict]]], **config) -> Path:
-    """methods: method → sample_id → list of turns (see `turn`)."""
-    store = RunStore(directory)
-    store.prepare()
-    for method, samples in methods.items():
-        for sample_id, turns in samples.items():
-            step_records, turn_records = [], []
-            for index, t in enumerate(turns):
-                context = t["context_len"]
-                for i, (drafted, accepted) in enumerate(t["steps"]):
-                    step_records.append(StepRecord(
-                        run_id=directory.name, method=method, task=task, sample_id=sample_id, turn=index, step=i,
-                        context_len=context, num_drafted=drafted, num_accepted=accepted,
-                        accept_flags=[j < accepted for j in range(drafted)], emitted=accepted + 1,
-                        draft_s=0.001 * (i + 1), verify_s=0.01, step_s=0.012, draft_state_bytes=context * 8,
-                        draft_history_bytes=context * 8))
-                    context += accepted + 1
-                turn_records.append(TurnRecord(
-                    run_id=directory.name, method=method, task=task, sample_id=sample_id, turn=index, replay="free",
-                    context_len=t["context_len"], prompt_tokens=t["context_len"], prefill_tokens=t["context_len"],
-                    new_tokens=t["new_tokens"], num_steps=len(t["steps"]), prefill_s=0.1, draft_prefill_s=0.0,
-                    decode_s=t["decode_s"], tau=float("nan"), ar_decode_s=t["ar_decode_s"],
-                    ar_new_tokens=t["ar_new_tokens"], speedup_turn=float("nan"), stop_reason=t["stop_reason"],
-                    skip_reason="too long" if t["stop_reason"] == "skipped" else "", dropped_tokens=0,
-                    output_ids=t["output_ids"]))
-            store.write_trajectory(method, sample_id, step_records, turn_records)
-    store.write_config({**BASE_CONFIG, "task": task, "methods": list(methods), "run_id": directory.name,
-                        "sample_ids": sorted({s for samples in methods.values() for s in samples}), **config})
-    return directory
-
-
-# alpha on gsm8k: steps (drafted, accepted); the (2, 1) step drafted only 2 of k=3 tokens.
-ALPHA_GSM8K = {
-    "s1": [turn([(3, 3), (3, 0), (2, 1)], decode_s=1.0, new_tokens=10, ar_decode_s=2.0, ar_new_tokens=10),
-           turn([(3, 2)], decode_s=1.0, new_tokens=5, ar_decode_s=1.0, ar_new_tokens=5)],
-    "s2": [turn([(3, 1), (0, 0)], decode_s=1.5, new_tokens=10, ar_decode_s=3.0, ar_new_tokens=10),
-           skipped_turn()],
-}
-
+from tests.helpers import ALPHA_GSM8K, turn, write_run
 
 @pytest.fixture
 def general_run(tmp_path):
@@ -112,7 +54,7 @@ def test_tau_macro_speedup_and_skipped_are_exact(general_run):
 
 def test_per_position_conditional_and_marginal_with_short_drafts(general_run):
     steps = load_results([general_run]).steps
-    table = stats.per_position(steps[steps.method == "alpha"]).set_index("position")
+    table = metrics.per_position(steps[steps.method == "alpha"]).set_index("position")
     # steps: (3,3) (3,0) (2,1) (3,2) (3,1) (0,0)
     assert list(table.drafted) == [5, 5, 4]  # the (2,1) step is not in position 3's denominators
     assert list(table.reached) == [5, 4, 2]
@@ -123,8 +65,8 @@ def test_per_position_conditional_and_marginal_with_short_drafts(general_run):
 
 def test_marginal_rates_sum_to_tau_minus_one_for_fixed_draft_length():
     steps = pd.DataFrame({"num_drafted": [4, 4, 4, 4], "num_accepted": [0, 4, 2, 1]})
-    table = stats.per_position(steps)
-    assert table.marginal.sum() == pytest.approx(stats.tau(steps) - 1)
+    table = metrics.per_position(steps)
+    assert table.marginal.sum() == pytest.approx(metrics.tau(steps) - 1)
 
 
 def test_table1_puts_tau_and_speedup_side_by_side_per_task_with_a_mean(general_run, chat_run):
@@ -207,14 +149,14 @@ def test_bootstrap_is_deterministic_with_a_seed_and_narrows_with_more_trajectori
     width_many = first[1] - first[0]
     low, high = stats.tau_ci(few, units_few, seed=7, n_resamples=500)
     assert high - low > 2 * width_many
-    assert low <= stats.tau(few) <= high
+    assert low <= metrics.tau(few) <= high
 
 
 def test_bootstrap_resamples_trajectories_not_steps():
     # one trajectory whose steps vary a lot: resampling whole trajectories leaves nothing to vary
     steps = pd.DataFrame({"run": "r", "sample_id": "only", "num_drafted": 3, "num_accepted": [0, 3, 0, 3, 1, 2]})
     low, high = stats.tau_ci(steps, ["r\0only"], seed=0, n_resamples=300)
-    assert low == high == pytest.approx(stats.tau(steps))
+    assert low == high == pytest.approx(metrics.tau(steps))
 
 
 def test_report_cis_are_reproducible(general_run, tmp_path):

@@ -17,7 +17,7 @@ from evalsuite.errors import UserError
 from evalsuite.report import stats
 from evalsuite.report.build import write_report
 from evalsuite.report.load import load_results
-from tests.test_report import turn, write_run
+from tests.helpers import turn, write_run
 
 CONTEXT_COLUMNS = ["task", "method", "context_lo", "context_hi", "n_trajectories", "n_turns", "n_steps", "tau",
                    "tau_lo", "tau_hi", "speedup", "speedup_lo", "speedup_hi"]

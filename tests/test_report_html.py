@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from evalsuite.report.build import write_report
-from tests.test_report import ALPHA_GSM8K, turn, write_run
+from tests.helpers import ALPHA_GSM8K, turn, write_run
 
 pytestmark = pytest.mark.integration
 

@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from evalsuite import metrics
 from evalsuite.cli import app
-from evalsuite.records import load_steps, load_turns
-from evalsuite.report import stats
-from evalsuite.report_summary import summary_rows
+from tests.helpers import load_steps, load_turns
+from evalsuite.report.summary import summary_rows
 
 cli = CliRunner()
 FIGURES = ("speedup_vs_context", "tau_vs_context", "cost_vs_context", "tau_vs_turn", "per_position",
@@ -81,7 +81,7 @@ def test_report_numbers_agree_with_the_records_and_the_run_summary(real_runs, re
         for row in summary_rows(run):
             ours = table[(table.method == row["method"]) & (table.task == task)].iloc[0]
             assert ours.tau == pytest.approx(row["tau"])
-            assert ours.tau == pytest.approx(stats.tau(steps[steps.method == row["method"]]))
+            assert ours.tau == pytest.approx(metrics.tau(steps[steps.method == row["method"]]))
             assert ours.speedup == pytest.approx(row["speedup"])
             if row["method"] != "ar":  # the baseline is 1 by construction: no interval
                 assert ours.tau_ci_low <= ours.tau <= ours.tau_ci_high
@@ -100,7 +100,7 @@ def test_single_formats_write_only_their_files(real_runs, tmp_path):
 
 
 def test_general_and_agentic_tasks_share_table_1(tmp_path):
-    from tests.test_report import ALPHA_GSM8K, write_run
+    from tests.helpers import ALPHA_GSM8K, write_run
     from evalsuite.report.build import write_report
 
     general = write_run(tmp_path / "g", "gsm8k", {"alpha": ALPHA_GSM8K})

@@ -1,5 +1,6 @@
-"""Resume per (method, sample): only unfinished pairs are decoded, finished parts stay byte-identical, orphaned parts
-are ignored and cleaned, drift is refused naming the field, and run.json keeps the original environment."""
+"""Resume per turn: only the (method, turn) decodes not stored yet run, stored rows stay as they were, an interrupted
+trajectory continues at its next turn and ends as an uninterrupted run, orphaned parts are ignored by every reader
+and cleaned, drift is refused naming the field, and run.json keeps the original environment."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ from typer.testing import CliRunner
 
 from evalsuite.cli import app
 from evalsuite.config import RunConfig
-from evalsuite.records import RunStore, load_steps, load_turns, pair_key
+from evalsuite.report.load import load_results
 from evalsuite.resume import differences, resume_command, resumed_config
 from evalsuite.runner import Progress, Runner
+from evalsuite.store import RunStore, read_run
 from evalsuite.target import TargetModel
+from tests.helpers import load_steps, load_turns
 
 cli = CliRunner()
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "kill_resume.py"
@@ -33,9 +36,18 @@ def run_cli(*args: str):
     return cli.invoke(app, list(args), catch_exceptions=False)
 
 
-def part_hashes(out: Path) -> dict[str, str]:
-    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(out.glob("*.parquet/*"))}
+# T=0 values that do not depend on interruptions (timings and prefill sharing may)
+TURN_VALUES = ["method", "sample_id", "turn", "context_len", "new_tokens", "num_steps", "tau", "stop_reason",
+               "output_ids", "last"]
+
+
+def rows(out: Path, methods=None) -> list[tuple]:
+    turns = load_turns(out)
+    if methods is not None:
+        turns = turns[turns.method.isin(methods)]
+    return sorted(tuple(tuple(v) if hasattr(v, "__len__") and not isinstance(v, str) else
+                        ("nan" if v != v else v) for v in row)
+                  for row in turns[TURN_VALUES].itertuples(index=False))
 
 
 def config_for(target_dir: Path, out: Path, methods: list[str], **extra) -> RunConfig:
@@ -58,12 +70,11 @@ def finished_run(tiny_qwen3_dir, tmp_path):
     return out
 
 
-def test_an_added_method_is_the_only_one_decoded_and_finished_parts_stay_byte_identical(
-        finished_run, tiny_qwen3_dir, tmp_path):
-    from tests.block_drafter_kit import dlite_checkpoint
+def test_an_added_method_is_the_only_one_decoded_and_stored_rows_stay(finished_run, tiny_qwen3_dir, tmp_path):
+    from tests.helpers import dlite_checkpoint
 
-    before = part_hashes(finished_run)
-    assert len(before) == 2 * 2 * 2  # (steps, turns) x 2 methods x 2 samples
+    before = rows(finished_run)
+    frame_before = load_turns(finished_run)
     config_before = json.loads((finished_run / "run.json").read_text())
     dlite = dlite_checkpoint(tmp_path / "dlite", TargetModel.load(str(tiny_qwen3_dir)))
 
@@ -72,14 +83,13 @@ def test_an_added_method_is_the_only_one_decoded_and_finished_parts_stay_byte_id
     runner.load()
     units = runner.pending_units()
     assert [u.methods for u in units] == [("ar", "dlite")] * 2  # ar only for the pairing; ngram not at all
-    assert decoded_methods(runner) == {"ar", "dlite"}
+    assert decoded_methods(runner) == {"dlite"}  # recorded: dlite; ar ran for pairing but is stored already
 
-    after = part_hashes(finished_run)
-    assert {k: after[k] for k in before} == before  # byte-identical
-    new = set(after) - set(before)
-    assert new == {f"{table}.parquet/{pair_key('dlite', s)}.parquet" for table in ("steps", "turns")
-                   for s in config_before["sample_ids"]}
+    assert rows(finished_run, ["ngram", "ar"]) == before
     turns = load_turns(finished_run)
+    stored = turns[turns.method.isin(["ngram", "ar"])].sort_values(["method", "sample_id", "turn"])
+    frame_before = frame_before.sort_values(["method", "sample_id", "turn"])
+    assert stored.decode_s.tolist() == frame_before.decode_s.tolist()  # the very same rows, timings included
     assert not turns.duplicated(["method", "sample_id", "turn"]).any()
     ar = turns[turns.method == "ar"].set_index(["sample_id", "turn"]).output_ids
     for row in turns[turns.method == "dlite"].itertuples():  # lossless, and paired with a fresh ar decode
@@ -91,37 +101,68 @@ def test_an_added_method_is_the_only_one_decoded_and_finished_parts_stay_byte_id
     assert config["drafter_sha256"]["dlite"] and config["drafters"]["dlite"]["checkpoint_sha256"]
     assert [r["added_methods"] for r in config["resumes"]] == [["dlite"]]
     assert config["resumes"][0]["environment"]["started_at"]
+    assert len(list((finished_run / "turns.parquet").glob("*.parquet"))) == 1  # compacted again once finished
 
 
-def test_a_partly_finished_trajectory_redecodes_only_its_unfinished_method(finished_run, tiny_qwen3_dir):
-    """Killed after ar's part and ngram's steps part landed, before ngram's turns part: an orphan."""
-    sample = json.loads((finished_run / "run.json").read_text())["sample_ids"][0]
-    key = pair_key("ngram", sample)
-    (finished_run / "turns.parquet" / f"{key}.parquet").unlink()
-    (finished_run / "steps.parquet" / f".{key}.parquet.tmp").write_bytes(b"half a file")
-    before = part_hashes(finished_run)
+class Interrupt(Exception):
+    pass
+
+
+def test_an_interrupt_after_the_second_turn_keeps_it_and_resume_decodes_only_the_rest(tiny_qwen3_dir, tmp_path):
+    """SWE-Bench trajectories have many turns: stop after the second turn of the first one, then resume."""
+    common = dict(methods=["ngram", "ar"], task="swebench", target=str(tiny_qwen3_dir), limit=1, max_turns=4,
+                  max_new_tokens=12, k=4, resume=True)
+    reference = tmp_path / "reference"
+    uninterrupted = Runner(RunConfig(**common, out=str(reference)), reference)
+    uninterrupted.load()
+    uninterrupted.run()
+
+    out = tmp_path / "interrupted"
+    runner = Runner(RunConfig(**common, out=str(out)), out)
+    runner.load()
+
+    def stop_after_second_turn(info):
+        if info["turn"] == 1:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        runner.run(Progress(total=0, update=stop_after_second_turn))
+    kept = load_turns(out)
+    assert sorted(set(kept.turn)) == [0, 1] and set(kept.method) == {"ngram", "ar"}
+
+    resumed = Runner(RunConfig(**common, out=str(out)), out)
+    resumed.load()
+    decoded = []
+    resumed.run(Progress(total=0, update=lambda info: decoded.append((info["method"], info["turn"]))))
+    assert sorted(decoded) == sorted((m, t) for m in ("ngram", "ar") for t in (2, 3))  # only the rest
+    assert rows(out) == rows(reference)
+
+
+def test_every_reader_ignores_an_orphaned_part_and_resume_cleans_it(finished_run, tiny_qwen3_dir):
+    """Killed between the renames of one turn: a steps part landed without its turns part (an orphan)."""
+    reference_steps, reference_turns = load_steps(finished_run), load_turns(finished_run)
+    (compacted,) = (finished_run / "steps.parquet").glob("*.parquet")
+    orphan = finished_run / "steps.parquet" / "0123456789abcdef.parquet"
+    orphan.write_bytes(compacted.read_bytes())  # rows that would double every step if a reader took them
+    temporary = finished_run / "turns.parquet" / ".0123456789abcdef.parquet.tmp"
+    temporary.write_bytes(b"half a file")
     store = RunStore(finished_run)
-    assert {p.name for p in store.leftovers()} == {f"{key}.parquet", f".{key}.parquet.tmp"}
-    # readers ignore the orphan: no steps of a pair that has no turns
-    assert sample not in set(load_steps(finished_run).query("method == 'ngram'").sample_id)
-
+    assert {p.name for p in store.leftovers()} == {orphan.name, temporary.name}
+    assert len(read_run(finished_run).steps) == len(reference_steps)  # the store's reader (resume, summary)
+    report = load_results([finished_run])  # the report's reader
+    assert len(report.steps) == len(reference_steps) and len(report.turns) == len(reference_turns)
     runner = Runner(config_for(tiny_qwen3_dir, finished_run, ["ngram", "ar"]), finished_run)
     runner.load()
-    assert store.leftovers() == []  # cleaned on resume, before decoding
-    assert [(u.trajectory.sample_id, u.methods) for u in runner.pending_units()] == [(sample, ("ar", "ngram"))]
-    assert decoded_methods(runner) == {"ar", "ngram"}
-    after = part_hashes(finished_run)
-    unchanged = {k for k in before if key not in k}
-    assert {k: after[k] for k in unchanged} == {k: before[k] for k in unchanged}
-    turns, steps = load_turns(finished_run), load_steps(finished_run)
-    assert len(turns) == 2 * 2 * 2 and not turns.duplicated(["method", "sample_id", "turn"]).any()
-    assert not steps.duplicated(["method", "sample_id", "turn", "step"]).any()
+    assert store.leftovers() == [] and runner.pending_units() == []
 
 
-def test_a_finished_pair_is_never_rewritten(finished_run):
-    sample = json.loads((finished_run / "run.json").read_text())["sample_ids"][0]
-    with pytest.raises(RuntimeError, match="already finished"):
-        RunStore(finished_run).write_trajectory("ar", sample, [], [])
+def test_a_stored_turn_is_never_rewritten(finished_run):
+    from evalsuite.records import TurnRecord
+
+    row = read_run(finished_run).turns.iloc[0]
+    record = TurnRecord(**{k: row[k] for k in TurnRecord.__dataclass_fields__})
+    with pytest.raises(RuntimeError, match="already stored"):
+        RunStore(finished_run).write_turn(record.sample_id, record.turn, [], [record])
 
 
 @pytest.mark.parametrize("change, field", [
@@ -136,7 +177,7 @@ def test_resume_refuses_each_drift_field_by_name(finished_run, tiny_qwen3_dir, c
     if change[0] == "--limit":
         args[args.index("--limit") + 1] = change[1]
         change = []
-    before = part_hashes(finished_run)
+    before = rows(finished_run)
     try:
         result = run_cli(*args, *change, "--resume")
     finally:
@@ -144,7 +185,7 @@ def test_resume_refuses_each_drift_field_by_name(finished_run, tiny_qwen3_dir, c
     assert result.exit_code == 2 and "Traceback" not in result.output
     # one line (after the transformers weight-loading bar, which is not ours)
     assert result.output.strip().splitlines()[-1].startswith(f"error: --resume: {field} differs from the stored run")
-    assert part_hashes(finished_run) == before
+    assert rows(finished_run) == before
 
 
 def test_sample_ids_select_exact_samples_and_are_a_drift_field(tiny_qwen3_dir, tmp_path):

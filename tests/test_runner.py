@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from evalsuite.cli import app
-from evalsuite.records import STEP_SCHEMA, TURN_SCHEMA, load_steps, load_turns
+from evalsuite.records import STEP_SCHEMA, TURN_SCHEMA
+from tests.helpers import load_steps, load_turns
 
 cli = CliRunner()
 
@@ -155,7 +156,7 @@ def test_method_auto_reads_the_checkpoint(tiny_target, tmp_path):
     """`--method auto --drafter DIR` picks the method from config.json (a released-format DLite checkpoint)."""
     from evalsuite.cli import _infer_auto_method
     from evalsuite.errors import UserError
-    from tests.block_drafter_kit import dlite_checkpoint, zlab_checkpoint
+    from tests.helpers import dlite_checkpoint, zlab_checkpoint
 
     dlite = dlite_checkpoint(tmp_path / "dlite", tiny_target)
     assert _infer_auto_method(["auto", "ngram"], [str(dlite)]) == ["dlite", "ngram"]

@@ -16,7 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from evalsuite.cli import app
-from evalsuite.records import load_steps, load_turns
+from evalsuite.store import read_run
+from tests.helpers import load_steps, load_turns
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")
 cli = CliRunner()
@@ -29,9 +30,10 @@ def run_args(target: Path, out: Path, *extra: str) -> list[str]:
             "--max-new-tokens", "24", "--k", "4", "--out", str(out), "--no-warmup", *extra]
 
 
-def parts(run_dir: Path) -> dict[str, int]:
-    """turns part name → mtime (ns)."""
-    return {p.name: p.stat().st_mtime_ns for p in (run_dir / "turns.parquet").glob("*.parquet")}
+def finished_samples(run_dir: Path) -> set[str]:
+    """Samples whose trajectory is stored for both methods."""
+    pairs = read_run(run_dir).finished_pairs()
+    return {s for m, s in pairs if (("ar" if m == "ngram" else "ngram"), s) in pairs}
 
 
 def assert_same_records(got_dir: Path, want_dir: Path) -> None:
@@ -100,11 +102,11 @@ def test_two_workers_give_the_single_process_records(cluster, tiny_target, refer
 @needs_ray
 def test_a_killed_worker_has_its_unit_retried(cluster, tiny_target, reference, tmp_path):
     from evalsuite.config import RunConfig
-    from evalsuite.scaleout import ScaleOptions, run_on_ray
+    from evalsuite.scaleout import run_on_ray
 
     out = tmp_path / "killed"
     config = RunConfig(methods=["ngram", "ar"], task="mt-bench", target=str(tiny_target), k=4, max_new_tokens=24,
-                       limit=SAMPLES, warmup=False, out=str(out))
+                       limit=SAMPLES, warmup=False, out=str(out), workers=2, threads_per_worker=1)
     started, results, killed = {}, [], []
 
     def on_unit(result: dict) -> None:
@@ -114,7 +116,7 @@ def test_a_killed_worker_has_its_unit_retried(cluster, tiny_target, reference, t
             killed.append(result["pid"])
             os.kill(result["pid"], signal.SIGKILL)
 
-    run_on_ray(config, out, ScaleOptions(workers=2, threads_per_worker=1), say=lambda text: None,
+    run_on_ray(config, out, say=lambda text: None,
                on_start=lambda run: started.update(pids={w["pid"] for w in run.workers}), on_unit=on_unit)
     assert len(results) == SAMPLES and len({r["sample_id"] for r in results}) == SAMPLES
     assert killed[0] in started["pids"]
@@ -131,24 +133,21 @@ def test_resume_after_a_driver_crash_fills_only_the_missing_trajectories(cluster
                                                                "--threads-per-worker", "1", "--ray-address", cluster)]
     driver = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     deadline = time.time() + 240
-    while time.time() < deadline and len(parts(out)) < 2 and driver.poll() is None:  # 2 parts = 1 trajectory
+    while time.time() < deadline and not finished_samples(out) and driver.poll() is None:
         time.sleep(0.05)
     driver.send_signal(signal.SIGKILL)
     _, stderr = driver.communicate()
-    before = parts(out)
-    assert 2 <= len(before) < SAMPLES * 2, f"the crash must land mid-run: {stderr.decode()[-2000:]}"
-
-    from evalsuite.records import pair_key
-
-    samples = json.loads((out / "run.json").read_text())["sample_ids"]
-    pair_parts = {s: [f"{pair_key(m, s)}.parquet" for m in ("ngram", "ar")] for s in samples}
-    finished = [s for s, names in pair_parts.items() if all(n in before for n in names)]
+    finished = finished_samples(out)
+    assert 1 <= len(finished) < SAMPLES, f"the crash must land mid-run: {stderr.decode()[-2000:]}"
+    before = load_turns(out).set_index(KEY)
     # a run started on 2 workers resumes with any number: here in this process, without Ray
     result = cli.invoke(app, run_args(tiny_target, out, "--resume"), catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert f"plan: {SAMPLES - len(finished)} of {SAMPLES} samples" in " ".join(result.output.split())
-    after = parts(out)
-    assert all(after[n] == before[n] for s in finished for n in pair_parts[s]), "finished ones must not rerun"
+    after = load_turns(out).set_index(KEY)
+    stored = [key for key in before.index if key[1] in finished]
+    assert after.loc[stored, "decode_s"].tolist() == before.loc[stored, "decode_s"].tolist(), \
+        "finished trajectories must not rerun"
     assert_same_records(out, reference)
     assert json.loads((out / "run.json").read_text())["resumes"]
 

@@ -11,11 +11,11 @@ import torch
 from typer.testing import CliRunner
 
 from evalsuite.cli import app
-from evalsuite.methods.ar import AutoregressiveBaseline
+from evalsuite.methods.ar import AutoregressiveMethod
 from evalsuite.methods.base import Sampling
-from evalsuite.methods.suffix import SuffixDrafter
-from evalsuite.records import load_turns
-from tests.test_engine import PROMPTS, decode
+from evalsuite.methods.suffix import SuffixMethod
+from tests.helpers import load_turns
+from tests.helpers import PROMPTS, decode
 
 cli = CliRunner()
 CPU = torch.device("cpu")
@@ -23,8 +23,8 @@ CPU = torch.device("cpu")
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_suffix_equals_autoregressive(tiny_target, prompt):
-    reference = decode(tiny_target, AutoregressiveBaseline(tiny_target.device), prompt, 48)
-    drafter = SuffixDrafter(tiny_target.device)
+    reference = decode(tiny_target, AutoregressiveMethod(tiny_target.device), prompt, 48)
+    drafter = SuffixMethod(tiny_target.device)
     for k in (1, 3, 7):
         result = decode(tiny_target, drafter, prompt, 48, k=k)  # the global tree carries over from k to k
         assert result.output_ids == reference.output_ids, k
@@ -33,7 +33,7 @@ def test_greedy_suffix_equals_autoregressive(tiny_target, prompt):
 
 def test_a_pattern_repeated_in_the_prompt_is_drafted():
     pattern = [50, 51, 52, 53, 54, 55, 56, 57, 58, 59]
-    drafter = SuffixDrafter(CPU, max_spec_factor=2.0)
+    drafter = SuffixMethod(CPU, max_spec_factor=2.0)
     drafter.start_turn(torch.tensor([1, 7, 8] + pattern + [9, 9] + pattern[:4]), None)  # anchor = pattern[3]
     drafted = drafter.propose(5, Sampling(), None).tokens.tolist()
     assert drafted == pattern[4:9]
@@ -44,7 +44,7 @@ def test_a_pattern_repeated_in_the_prompt_is_drafted():
 
 def test_max_spec_factor_limits_drafts_to_the_match_length():
     pattern = list(range(60, 80))
-    drafter = SuffixDrafter(CPU, max_spec_factor=1.0)
+    drafter = SuffixMethod(CPU, max_spec_factor=1.0)
     drafter.start_turn(torch.tensor([1] + pattern + [9] + pattern[:2]), None)  # 2-token match → at most 2 drafts
     assert drafter.propose(7, Sampling(), None).tokens.tolist() == pattern[2:4]
 
@@ -54,7 +54,7 @@ def test_the_global_tree_learns_from_earlier_replies(tiny_llama_dir):
 
     target = TargetModel.load(str(tiny_llama_dir))
     prompt = list(range(4, 40))  # no repetition inside the prompt to draft from
-    drafter = SuffixDrafter(target.device)
+    drafter = SuffixMethod(target.device)
     empty_global = drafter.tree_bytes()[1]
     first = decode(target, drafter, prompt, 48, k=7)
     after_first = drafter.tree_bytes()[1]
@@ -79,7 +79,7 @@ def test_history_bytes_grow_within_a_turn(tiny_llama_dir):
     from evalsuite.target import TargetModel
 
     target = TargetModel.load(str(tiny_llama_dir))
-    result = decode(target, SuffixDrafter(target.device), PROMPTS[2], 40, k=3)
+    result = decode(target, SuffixMethod(target.device), PROMPTS[2], 40, k=3)
     history = [s.draft_history_bytes for s in result.steps]
     assert history == sorted(history) and history[-1] > history[0]
 
@@ -104,9 +104,10 @@ def error_lines(output: str) -> list[str]:
 
 
 @pytest.mark.parametrize("option, message", [
-    ("suffix.nosuch=1", "unknown option 'nosuch'"),
-    ("suffix.max_depth=deep", "max_depth='deep' is not a valid int"),
-    ("suffix.max_depth=1", "max_depth must be at least 2"),
+    ("suffix.nosuch=1", "suffix.nosuch: unknown setting; suffix takes: max_cached_requests, max_depth"),
+    ("suffix.max_depth=deep", "suffix.max_depth=deep: not a valid int"),
+    ("suffix.max_depth=1", "suffix.max_depth=1: must be >= 2"),
+    ("suffix.max_dept=32", "did you mean max_depth?"),
     ("ngram.max_ngram=2", "method ngram is not in --method suffix"),
     ("suffix", "write METHOD.KEY=VALUE"),
 ])

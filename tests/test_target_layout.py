@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from evalsuite.errors import UserError
-from evalsuite.methods.ar import AutoregressiveBaseline
-from evalsuite.methods.ngram import PromptLookupDrafter
-from evalsuite.target import WEIGHT_LAYOUTS, OneDnnBlockLinear, TargetModel
-from tests.test_engine import PROMPTS, decode
+from evalsuite.methods.ar import AutoregressiveMethod
+from evalsuite.methods.ngram import PromptLookupMethod
+from evalsuite.config import WEIGHT_LAYOUTS
+from evalsuite.target import OneDnnBlockLinear, TargetModel
+from tests.helpers import PROMPTS, decode
 
 LAYOUTS = [layout for layout in WEIGHT_LAYOUTS if layout != "auto"]
 
@@ -54,9 +55,9 @@ def test_onednn_blocks_fall_back_to_the_plain_linear_under_autograd(tiny_llama_d
 def test_decoding_is_lossless_in_the_other_layouts_too(tiny_qwen3_dir, prompt, layout):
     """The engine tests run the default (column-major+onednn on CPU); these cover the other two."""
     target = TargetModel.load(str(tiny_qwen3_dir), weight_layout=layout)
-    reference = decode(target, AutoregressiveBaseline(target.device), prompt, 32)
+    reference = decode(target, AutoregressiveMethod(target.device), prompt, 32)
     for k in (1, 4):
-        assert decode(target, PromptLookupDrafter(target.device), prompt, 32, k=k).output_ids == reference.output_ids
+        assert decode(target, PromptLookupMethod(target.device), prompt, 32, k=k).output_ids == reference.output_ids
 
 
 def test_an_unknown_layout_is_a_one_line_error(tiny_llama_dir):

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from evalsuite.config import RunConfig
-from evalsuite.engine import StepInfo, TurnResult
+from evalsuite.records import Step, TurnResult
 from evalsuite.errors import UserError
-from evalsuite.records import load_steps, load_turns
-from evalsuite.runner import Runner, median_repeat
+from tests.helpers import load_steps, load_turns
+from evalsuite.engines.hf import median_repeat
+from evalsuite.runner import Runner
 from evalsuite.timing import DeviceClock
 
 
@@ -50,7 +51,6 @@ def test_the_order_of_methods_is_shuffled_per_turn_and_recorded(tiny_llama_dir, 
     assert again.sort_values(["method", "turn"]).position.tolist() == \
         turns.sort_values(["method", "turn"]).position.tolist()  # the seed fixes the order
     other_seed = Runner(RunConfig(methods=["ngram", "ar"], task="custom", seed=1), tmp_path / "c")
-    other_seed.drafters = runner.drafters
     assert [other_seed.turn_order("six", t) for t in range(6)] != [runner.turn_order("six", t) for t in range(6)]
 
 
@@ -67,7 +67,7 @@ def test_repeats_decode_the_same_and_record_n(tiny_llama_dir, tmp_path, temperat
 
 
 def result(loop_s: float, draft_prefill_s: float, output=(5, 6), accepted=(1,)) -> TurnResult:
-    steps = [StepInfo(0, 2, a, a + 1, 0.0, 0.0, loop_s, 0, 0) for a in accepted]
+    steps = [Step(0, 2, a, a + 1, 0.0, 0.0, loop_s, 0, 0) for a in accepted]
     return TurnResult(list(output), steps, draft_prefill_s=draft_prefill_s, decode_s=draft_prefill_s + loop_s)
 
 
@@ -84,12 +84,11 @@ def test_median_repeat_keeps_the_median_loop_and_the_first_start_of_turn_work():
         median_repeat([result(1.0, 0.1), result(1.0, 0.1, accepted=(0,))], "x")
 
 
-def test_repeats_are_refused_for_a_drafter_that_learns_across_turns(tiny_llama_dir, tmp_path):
-    pytest.importorskip("arctic_inference")
+def test_repeats_are_refused_for_a_method_that_learns_across_turns(tiny_llama_dir, tmp_path):
     config = RunConfig(methods=["suffix"], task="custom", target=str(tiny_llama_dir),
                        data_path=str(six_turns(tmp_path)), repeats=2, warmup=False)
     with pytest.raises(UserError, match="--repeats 2: method suffix learns from every reply"):
-        Runner(config, tmp_path / "s").load()
+        config.validate()
 
 
 def test_bad_repeats_is_a_clear_error():
@@ -102,14 +101,14 @@ def test_warm_up_runs_every_verify_block_size(tiny_llama_dir, tmp_path):
                               data_path=str(six_turns(tmp_path)), k=5), tmp_path / "w")
     runner.load()
     sizes = []
-    forward = runner.target.forward
+    forward = runner.engine.target.forward
 
     def spy(input_ids, cache, layer_ids=(), last_only=False):
         if not last_only:  # a prefill returns only its last logits; verify blocks return all
             sizes.append(input_ids.numel())
         return forward(input_ids, cache, layer_ids, last_only)
 
-    runner.target.forward = spy
+    runner.engine.target.forward = spy
     runner.warm_up()
     assert set(range(1, 5 + 2)) <= set(sizes)
 

@@ -21,7 +21,7 @@ from evalsuite.errors import UserError
 from evalsuite.train.loop import LoopOptions, Trainer, sample_batch, split_sequences
 from evalsuite.train.pipeline import METHODS, TrainRequest, build_recipe, train
 from evalsuite.train.recipes.common import parse_overrides
-from tests.test_engine import decode
+from tests.helpers import decode
 
 SMALL = {"dlite": {"batch_seqs": "4", "anchors_per_seq": "6", "rank": "8", "intermediate_size": "64"},
          "dflash": {"batch_seqs": "4", "anchors_per_seq": "6", "intermediate_size": "64"},

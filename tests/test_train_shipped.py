@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from evalsuite.methods.checkpoints import DEFAULT_DRAFTER_ROOT, checkpoint_sha256, detect_method, read_config
-from evalsuite.target import file_sha256
+from evalsuite.hashing import file_sha256
 
 METHODS = ("dlite", "dflash", "dspark", "eagle3")
 BUDGET_BYTES = 40_000_000  # all shipped drafters together
@@ -45,7 +45,7 @@ def test_the_shipped_drafters_fit_the_size_budget():
 @pytest.mark.parametrize("method", METHODS)
 def test_a_three_sample_gsm8k_run_with_the_shipped_drafter_accepts(tmp_path, method):
     from evalsuite.cli import app
-    from evalsuite.report_summary import summary_rows
+    from evalsuite.report.summary import summary_rows
 
     out = tmp_path / method
     result = CliRunner().invoke(app, ["run", "--method", method, "--task", "gsm8k", "--limit", "3",

@@ -5,17 +5,20 @@ The end-to-end run through vLLM itself is tests/test_vllm_integration.py (it nee
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
 from evalsuite.cli import app
+from evalsuite.config import RunConfig
 from evalsuite.engines import vllm_engine
-from evalsuite.engines.compare import compare_turns, engines_side_by_side, first_divergence
+from evalsuite.compare import compare_turns, engines_side_by_side, first_divergence
 from evalsuite.engines.vllm_steps import rebuild_steps
 from evalsuite.errors import UserError
 from evalsuite.records import TURN_SCHEMA, STEP_SCHEMA, StepRecord, TurnRecord
+from evalsuite.store import RunTables
 
 cli = CliRunner()
 
@@ -52,9 +55,29 @@ def test_records_carry_the_engine_column():
 
 @pytest.mark.parametrize("method", ["dlite", "dflash", "dspark"])
 def test_methods_vllm_lacks_are_one_line_errors(method):
-    with pytest.raises(UserError, match=r"vLLM runs ar, ngram, eagle3"):
-        vllm_engine.check_methods(["ar", method])
-    vllm_engine.check_methods(["ar", "ngram", "eagle3"])
+    config = RunConfig(methods=["ar", method], task="gsm8k", engine="vllm")
+    with pytest.raises(UserError, match=r"vLLM runs ar, ngram, suffix, eagle3"):
+        config.validate()
+    RunConfig(methods=["ar", "ngram", "eagle3"], task="gsm8k", engine="vllm").validate()
+
+
+def test_vllm_on_cuda_in_bfloat16_is_a_valid_configuration_and_loads_no_weights(tiny_llama_dir, tmp_path, monkeypatch):
+    """Built and described without a GPU or vLLM: the worker gets the run's dtype and device, and the engine reads
+    only the tokenizer and config (AutoModelForCausalLM is never called)."""
+    config = RunConfig(methods=["ngram"], task="gsm8k", engine="vllm", device="cuda", dtype="bfloat16",
+                       target=str(tiny_llama_dir))
+    config.validate()
+    import transformers
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("the vLLM engine must not load the target's weights")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
+    engine = vllm_engine.VllmEngine(config, tmp_path)
+    engine.chat = vllm_engine.load_chat(config.target)
+    worker = engine.worker_config("ngram")
+    assert worker["dtype"] == "bfloat16" and worker["device"] == "cuda"
+    assert worker["max_model_len"] == engine.chat.max_context and worker["stop_ids"] == sorted(engine.chat.stop_ids)
 
 
 def test_missing_vllm_is_a_one_line_error(monkeypatch, tmp_path, tiny_llama_dir):
@@ -89,24 +112,34 @@ def test_eagle3_checkpoint_is_shifted_into_vllm_layer_convention(tmp_path):
     assert (tmp_path / "out" / "model.safetensors").resolve() == (src / "model.safetensors").resolve()
 
 
-def _turns(rows):
-    base = dict(task="t", replay="free", stop_reason="eos", speedup=1.0, new_tokens=3)
-    return pd.DataFrame([{**base, **r} for r in rows])
+def _run(rows, steps):
+    base = dict(task="t", replay="free", stop_reason="eos", new_tokens=10, ar_new_tokens=10, tau=float("nan"),
+                speedup=float("nan"))
+    turns = pd.DataFrame([{**base, **r} for r in rows]).rename(columns={"speedup": "speedup_turn"})
+    steps = pd.DataFrame([dict(zip(["method", "sample_id", "turn", "num_accepted"], s), budget_limited=False)
+                          for s in steps])
+    return RunTables(Path("."), {}, steps, turns)
 
 
-def test_compare_reports_divergence_tau_speedup_and_losslessness():
-    a = _turns([dict(method="ar", sample_id="s", turn=0, output_ids=[1, 2, 3], tau=1.0),
-                dict(method="ngram", sample_id="s", turn=0, output_ids=[1, 2, 3], tau=1.5, speedup=1.2),
-                dict(method="ngram", sample_id="s", turn=1, output_ids=[4, 5], tau=2.0, speedup=1.4)])
-    b = _turns([dict(method="ar", sample_id="s", turn=0, output_ids=[1, 2, 9], tau=1.0),
-                dict(method="ngram", sample_id="s", turn=0, output_ids=[1, 2, 9], tau=1.25, speedup=1.1),
-                dict(method="ngram", sample_id="s", turn=1, output_ids=[4, 6], tau=3.0, speedup=0.9)])
-    both = compare_turns(a, b, "hf", "vllm")
+def test_compare_reports_divergence_pooled_tau_speedup_and_losslessness():
+    a = _run([dict(method="ar", sample_id="s", turn=0, output_ids=[1, 2, 3], decode_s=1.0, ar_decode_s=1.0),
+              dict(method="ngram", sample_id="s", turn=0, output_ids=[1, 2, 3], decode_s=1.0, ar_decode_s=2.0),
+              dict(method="ngram", sample_id="s", turn=1, output_ids=[4, 5], decode_s=3.0, ar_decode_s=2.0)],
+             [("ngram", "s", 0, 1), ("ngram", "s", 0, 0), ("ngram", "s", 1, 3)])
+    b = _run([dict(method="ar", sample_id="s", turn=0, output_ids=[1, 2, 9], decode_s=1.0, ar_decode_s=1.0),
+              dict(method="ngram", sample_id="s", turn=0, output_ids=[1, 2, 9], decode_s=1.0, ar_decode_s=1.0),
+              dict(method="ngram", sample_id="s", turn=1, output_ids=[4, 6], decode_s=1.0, ar_decode_s=3.0)],
+             [("ngram", "s", 0, 2), ("ngram", "s", 1, 0), ("ngram", "s", 1, 0), ("ngram", "s", 1, 0)])
+    both = compare_turns(a.turns, b.turns, "hf", "vllm")
     row = both[(both.method == "ngram") & (both.turn == 0)].iloc[0]
-    assert not row.equal_ids and row.first_divergence == 2 and row.tau_hf == 1.5 and row.tau_vllm == 1.25
+    assert not row.equal_ids and row.first_divergence == 2
     assert row.equal_to_ar_hf and row.equal_to_ar_vllm
     later = both[(both.method == "ngram") & (both.turn == 1)].iloc[0]
     assert later.history_differs  # free replay after a diverged turn: different histories
     side = engines_side_by_side(a, b, "hf", "vllm").set_index("method")
-    assert side.loc["ngram", "equal ids"] == "0/2" and side.loc["ngram", "tau vllm"] == pytest.approx(2.125)
+    assert side.loc["ngram", "equal ids"] == "0/2"
+    # pooled over steps, not a mean of per-turn τ: hf (2 + 1 + 4) / 3 steps; vllm (3 + 1 + 1 + 1) / 4 steps
+    assert side.loc["ngram", "tau hf"] == pytest.approx(7 / 3) and side.loc["ngram", "tau vllm"] == pytest.approx(1.5)
+    # pooled over turns: (Σ ar s / Σ ar tokens) / (Σ s / Σ tokens) = 4 / 4 and 4 / 2
+    assert side.loc["ngram", "speedup hf"] == pytest.approx(1.0) and side.loc["ngram", "speedup vllm"] == 2.0
     assert first_divergence([1, 2], [1, 2]) is None and first_divergence([1, 2], [1, 2, 3]) == 2

@@ -12,9 +12,10 @@ from typer.testing import CliRunner
 
 from evalsuite.cli import app
 from evalsuite.engines import vllm_engine
-from evalsuite.engines.compare import compare_turns, divergence_margins
+from evalsuite.compare import compare_turns, divergence_margins
 from evalsuite.errors import UserError
-from evalsuite.records import STEP_SCHEMA, TURN_SCHEMA, load_steps, load_turns
+from evalsuite.records import STEP_SCHEMA, TURN_SCHEMA
+from tests.helpers import load_steps, load_turns
 
 pytestmark = pytest.mark.vllm
 cli = CliRunner()

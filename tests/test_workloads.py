@@ -1,5 +1,5 @@
 """Task adapters on their bundled data (or SYNTHETIC fixtures for the hub-only ones): counts, roles, golden
-prompts, seeded subsets; malformed records; hub fallbacks; the tool fallback of `chat_format`."""
+prompts, seeded subsets; malformed records; hub fallbacks; the tool fallback of `evalsuite.chat`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from evalsuite.chat_format import fit_to_template
+from evalsuite.chat import fit_to_template
 from evalsuite.cli import app
 from evalsuite.errors import UserError
 from evalsuite.target import TargetModel
@@ -452,7 +452,7 @@ def test_hub_rows_pass_the_reference_ids_to_datasets(monkeypatch):
     assert calls[-1] == ("google-research-datasets/mbpp", "sanitized", "test")
 
 
-# ---- chat_format on a template with native tool support ------------------------------------------------------
+# ---- evalsuite.chat on a template with native tool support ------------------------------------------------------
 def test_templates_with_tool_support_get_the_messages_unchanged():
     template = "{% for m in messages %}{{ m.role }}{% if m.tool_calls %}{% endif %}{% if m.role == 'tool' %}" \
                "{% endif %}{% endfor %}{% if tools %}{% endif %}"

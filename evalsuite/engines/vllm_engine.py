@@ -6,7 +6,7 @@ repository (made by `scripts/setup_vllm.sh`), or the current interpreter when it
 speculative configuration (one per method) gets one `vllm.LLM` engine, started once and kept for the whole
 run (`vllm_worker.py`), with prefix caching on as in serving.
 
-What is measured and how (everything else is the HF runner's: rendering, replay, pairing, records):
+What is measured and how (everything else is the runner's: rendering, replay, pairing, records):
 - prompts go in as token ids rendered by our chat template, so both engines see the same ids;
 - `prefill_s` is vLLM's time to first token (scheduled → first token), `decode_s` first → last token,
   from the engine core's own timestamps (wall time around the request when vLLM gives none);
@@ -28,15 +28,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
-from evalsuite.engine import StepInfo, TurnResult
+from evalsuite.catalog import method_spec
+from evalsuite.engines.base import Engine
 from evalsuite.errors import UserError
-from evalsuite.methods.base import get_method
 from evalsuite.methods.checkpoints import checkpoint_sha256, drafter_source, read_config, resolve_checkpoint_dir
-from evalsuite.records import TurnRecord
-from evalsuite.runner import PrefixCache, Runner
-from evalsuite.target import TargetModel
+from evalsuite.records import Step, TurnResult
+from evalsuite.target import cached_weights_hash, load_chat
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "vllm_worker.py"
@@ -76,7 +73,7 @@ def find_vllm_python() -> str:
 
 def check_methods(methods: list[str]) -> None:
     for name in methods:
-        get_method(name)  # an unknown name is the usual one-line error
+        method_spec(name)  # an unknown name is the usual one-line error
         if name not in VLLM_METHODS:
             why = NOT_IN_VLLM.get(name, "not available in vLLM")
             raise UserError(f"--engine vllm: method '{name}' is not available ({why}); vLLM runs "
@@ -107,8 +104,6 @@ def eagle3_for_vllm(source: Path, out_dir: Path) -> dict:
 
 class VllmWorker:
     """One vLLM engine (one speculative configuration) in a subprocess; JSON lines over its stdin/stdout."""
-
-    feature_layers: tuple[int, ...] = ()  # the runner's prefix cache asks; vLLM keeps its own features
 
     def __init__(self, python: str, config: dict, log_path: Path):
         self.config = config
@@ -172,44 +167,42 @@ class VllmWorker:
         self._log.close()
 
 
-class VllmRunner(Runner):
-    engine_name = "vllm"
+class VllmEngine(Engine):
+    name = "vllm"
 
-    def __init__(self, config, out_dir: Path):
-        check_methods(config.methods)
-        config.engine = "vllm"
-        super().__init__(config, out_dir)
+    def __init__(self, config, log_dir: Path):
+        self.config = config
+        self.log_dir = Path(log_dir)
         self.enforce_eager = os.environ.get("EVALSUITE_VLLM_EAGER", "1") != "0"
         self.inexact_turns = 0
+        self.workers: dict[str, VllmWorker] = {}
         self._tmp = None
 
-    def load(self, write_config: bool = True) -> None:
+    def start(self, methods: list[str]) -> None:
+        check_methods(methods)
         self.vllm_python = find_vllm_python()  # before any loading: a missing vLLM is a one-line error
+        # the tokenizer, template and window only: vLLM loads the weights itself, at the run's dtype and device
+        self.chat = load_chat(self.config.target)
+        self.device_label = "cuda" if self.config.device.startswith("cuda") else "cpu"
+        self._tmp = tempfile.mkdtemp(prefix="evalsuite-vllm-")
         try:
-            super().load(write_config)
+            for name in methods:  # all engines start at once, then each is awaited
+                self.workers[name] = self._start(name)
+            for worker in self.workers.values():
+                worker.wait_ready()
         except BaseException:
             self.close()
             raise
 
-    def _load_target(self) -> TargetModel:
-        # our target gives the chat template, tokenizer, stop ids and hashes; vLLM loads the same weights itself
-        return TargetModel.load(self.config.target, "cpu", self.config.dtype, "row-major")
-
-    def _load_drafters(self) -> None:
-        self._tmp = tempfile.mkdtemp(prefix="evalsuite-vllm-")
-        for info in self.method_infos:  # all engines start at once, then each is awaited
-            self.drafters[info.name] = self._start(self.vllm_python, info.name)
-        for worker in self.drafters.values():
-            worker.wait_ready()
-
-    def _start(self, python: str, name: str) -> VllmWorker:
+    def worker_config(self, name: str) -> dict:
+        """What the vLLM process of `name` is started with (no process, no GPU needed to build it)."""
         cfg = self.config
         options = dict(cfg.method_options.get(name, {}))
         worker_cfg = {
-            "model": str(Path(self.target.model_dir).resolve()), "method": name, "k": cfg.k, "seed": cfg.seed,
-            "max_model_len": self.target.max_context, "enforce_eager": self.enforce_eager,
+            "model": str(Path(self.chat.model_dir).resolve()), "method": name, "k": cfg.k, "seed": cfg.seed,
+            "max_model_len": self.chat.max_context, "enforce_eager": self.enforce_eager,
             "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
-            "stop_ids": sorted(self.target.stop_ids), "dtype": "float32" if cfg.dtype is None else cfg.dtype,
+            "stop_ids": sorted(self.chat.stop_ids), "dtype": cfg.dtype or "float32",
             "device": "cuda" if cfg.device.startswith("cuda") else "cpu",
             "max_ngram": int(options.get("max_ngram", 3)), "min_ngram": int(options.get("min_ngram", 1)),
         }
@@ -218,67 +211,66 @@ class VllmRunner(Runner):
             if source is None:
                 raise UserError("--engine vllm: eagle3 needs a trained checkpoint (--drafter eagle3=DIR)")
             path = resolve_checkpoint_dir(source)
-            converted = Path(self._tmp) / "eagle3"
+            converted = Path(self._tmp or tempfile.mkdtemp(prefix="evalsuite-vllm-")) / "eagle3"
             worker_cfg.update(drafter=str(converted), drafter_source=str(source),
                               checkpoint_sha256=checkpoint_sha256(path), conversion=eagle3_for_vllm(path, converted))
-        log = self.store.root / f"vllm-{name}.log"
-        return VllmWorker(python, worker_cfg, log)
+        return worker_cfg
+
+    def _start(self, name: str) -> VllmWorker:
+        return VllmWorker(self.vllm_python, self.worker_config(name), self.log_dir / f"vllm-{name}.log")
 
     def describe(self) -> dict:
-        info = super().describe()
-        info["weight_layout"] = "vllm"
-        info["vllm"] = {"python": self.vllm_python, "enforce_eager": self.enforce_eager,
-                        "prefix_caching": True, "per_request_spec_decode_metrics": "detailed",
-                        "steps_not_tiled_turns": self.inexact_turns,
-                        "timing": "prefill_s = engine-core scheduled→first token (TTFT); decode_s = first→last "
-                                  "token; per-step times and draft memory are not available from vLLM (null)"}
-        return info
+        methods = {name: worker.describe() for name, worker in self.workers.items()}
+        return {
+            "dtype": self.config.dtype or "float32",
+            "weight_layout": "vllm",
+            "target_name": self.chat.name,
+            "target_path": self.chat.model_dir,
+            "target_sha256": cached_weights_hash(self.chat.model_dir),
+            "target_max_context": self.chat.max_context,
+            **self.chat.hashes(),
+            "drafters": methods,
+            "drafter_sha256": {n: d.get("checkpoint_sha256") for n, d in methods.items()},
+            "threads": None,
+            "device_facts": {"device_name": f"vLLM on {self.device_label}"},
+            "vllm": {"python": getattr(self, "vllm_python", None), "enforce_eager": self.enforce_eager,
+                     "prefix_caching": True, "per_request_spec_decode_metrics": "detailed",
+                     "steps_not_tiled_turns": self.inexact_turns,
+                     "timing": "prefill_s = engine-core scheduled→first token (TTFT); decode_s = first→last "
+                               "token; per-step times and draft memory are not available from vLLM (null)"},
+        }
 
-    def warm_up(self) -> None:
-        if not self.config.warmup:
-            return
-        ids = self._warmup_ids()
-        for worker in self.drafters.values():
+    def warm_up(self, ids: list[int]) -> None:
+        for worker in self.workers.values():
             worker.generate(ids, 16, 0)
 
-    def run(self, progress=None) -> None:
-        try:
-            super().run(progress)
-        finally:
-            self.store.write_config(self.describe())
-            self.close()
-
     def close(self) -> None:
-        for worker in self.drafters.values():
+        for worker in self.workers.values():
             worker.close()
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
 
-    def _decode_turn(self, worker: VllmWorker, prefix: PrefixCache, ids: list[int], record: TurnRecord,
-                     generator: torch.Generator) -> TurnResult:
+    def decode(self, method: str, ids: list[int], seed: int) -> TurnResult:
         cfg = self.config
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
-        token_limit = min(cfg.max_new_tokens, self.target.max_context - len(ids))
-        reply = worker.generate(list(ids), token_limit, seed)
+        token_limit = min(cfg.max_new_tokens, self.chat.max_context - len(ids))
+        reply = self.workers[method].generate(list(ids), token_limit, seed)
         out = [int(i) for i in reply["output_ids"]]
         timing = reply.get("timing")
         if timing:
-            record.prefill_s = timing["first_token_ts"] - timing["scheduled_ts"]
+            prefill_s = timing["first_token_ts"] - timing["scheduled_ts"]
             decode_s = timing["last_token_ts"] - timing["first_token_ts"]
         else:
-            record.prefill_s, decode_s = None, reply["wall_s"]
-        cached = reply.get("num_cached_tokens") or 0
-        record.prefill_tokens = len(ids) - int(cached)
-        record.draft_prefill_s = None
+            prefill_s, decode_s = None, reply["wall_s"]
         if not reply["steps_exact"]:
             self.inexact_turns += 1
-        steps = [StepInfo(context_len=s["context_len"], num_drafted=s["num_drafted"], num_accepted=s["num_accepted"],
-                          emitted=s["emitted"], draft_s=None, verify_s=None, step_s=None, draft_state_bytes=None,
-                          draft_history_bytes=None) for s in reply["steps"]]
-        result = TurnResult(output_ids=out, steps=steps, draft_prefill_s=None, decode_s=decode_s)
-        if out and out[-1] in self.target.stop_ids:
-            result.stop_reason = "eos"
+        steps = [Step(context_len=s["context_len"], num_drafted=s["num_drafted"], num_accepted=s["num_accepted"],
+                      emitted=s["emitted"]) for s in reply["steps"]]
+        stop = "max_new_tokens"
+        if out and out[-1] in self.chat.stop_ids:
+            stop = "eos"
         elif len(out) >= token_limit and token_limit < cfg.max_new_tokens:
-            result.stop_reason = "context_limit"
-        return result
+            stop = "context_limit"
+        return TurnResult(output_ids=out, steps=steps, prefill_tokens=len(ids) - int(reply.get("num_cached_tokens")
+                                                                                         or 0),
+                          prefill_s=prefill_s, draft_prefill_s=None, decode_s=decode_s, stop_reason=stop)

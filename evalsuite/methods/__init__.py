@@ -1,12 +1,2 @@
-"""Drafting methods, one module each. Importing this package registers them all."""
-
-import importlib
-import pkgutil
-
-from evalsuite.methods.base import METHODS, Drafter, DraftState, Proposal, Sampling, get_method
-
-for _info in pkgutil.iter_modules(__path__):
-    if _info.name != "base" and not _info.name.startswith("_"):
-        importlib.import_module(f"{__name__}.{_info.name}")
-
-__all__ = ["METHODS", "Drafter", "DraftState", "Proposal", "Sampling", "get_method"]
+"""Methods, one module each, behind the `Method` interface of `base.py`; `evalsuite.catalog` lists them and their
+settings. Importing this package imports no method: `get_method(name).factory` imports one when it is built."""

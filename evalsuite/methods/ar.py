@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from evalsuite.methods.base import Drafter, Proposal, Sampling, register
+from evalsuite.methods.base import Method, Proposal, Sampling
 
 
-class AutoregressiveBaseline(Drafter):
+class AutoregressiveMethod(Method):
     name = "ar"
 
     def __init__(self, device: torch.device):
@@ -17,6 +17,5 @@ class AutoregressiveBaseline(Drafter):
         return Proposal(tokens=self._empty)
 
 
-@register("ar", "no drafting: the target decodes one token per forward (the speedup baseline)")
-def build(target, options: dict) -> Drafter:
-    return AutoregressiveBaseline(target.device)
+def build(target, options: dict) -> Method:
+    return AutoregressiveMethod(target.device)

@@ -1,10 +1,14 @@
-"""The one drafter interface every method implements, and the method registry.
+"""The one interface every method implements (`Method`), and how a method is built by name (`get_method`).
 
-Bookkeeping convention, shared by the engine and every drafter:
-- The drafter sees the context as token ids `ids[0..n]`, where `ids[n]` is the *anchor*: the newest token,
+A *method* is a way of proposing draft tokens, including none (`ar`); the four learned methods load a *drafter*
+(a trained draft model, `--drafter`). Which methods exist, and their settings, is declared in
+`evalsuite.catalog` (no torch); a method's module is imported only when it is built.
+
+Bookkeeping convention, shared by the engine and every method:
+- A method sees the context as token ids `ids[0..n]`, where `ids[n]` is the *anchor*: the newest token,
   already chosen by the target but not yet run through it.
 - Target features exist for every position before the anchor: `features[i]` holds the target hidden states
-  at position i for the layers the drafter asked for (`feature_layers`), shape [n, S, H].
+  at position i for the layers the method asked for (`feature_layers`), shape [n, S, H].
 - `start_turn(ids, features)` hands over the whole context at the start of a turn (after the target prefill).
 - `propose(k, sampling)` returns k draft tokens continuing after the anchor.
 - `commit(new_ids, new_features)` reports one verify step: `new_features` are the target features of the old
@@ -14,12 +18,13 @@ Bookkeeping convention, shared by the engine and every drafter:
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Callable, ClassVar
 
 import torch
 
-from evalsuite.errors import UserError
+from evalsuite.catalog import MethodSpec, method_spec
 
 
 @dataclass(frozen=True)
@@ -54,11 +59,11 @@ class DraftState:
         return self.history + self.working
 
 
-class Drafter:
-    """Base class of every drafter; subclasses implement `propose` and whichever hooks they need."""
+class Method:
+    """Base class of every method; subclasses implement `propose` and whichever hooks they need."""
 
     name: ClassVar[str] = "base"
-    feature_layers: tuple[int, ...] = ()  # target layer ids this drafter reads (HF convention: j → hidden_states[j+1])
+    feature_layers: tuple[int, ...] = ()  # target layer ids this method reads (HF convention: j → hidden_states[j+1])
     checkpoint_hash: str | None = None
     checkpoint_path: str | None = None
 
@@ -79,7 +84,7 @@ class Drafter:
         that learn across turns (suffix's global tree) keep such state."""
 
     def describe(self) -> dict:
-        """What run.json records about this drafter."""
+        """What run.json records about this method."""
         return {"method": self.name, "checkpoint": self.checkpoint_path, "checkpoint_sha256": self.checkpoint_hash,
                 "feature_layers": list(self.feature_layers)}
 
@@ -98,34 +103,32 @@ def tensor_bytes(*tensors: torch.Tensor | None) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-# ---- registry ------------------------------------------------------------------------------------------------
-# A factory takes (target, options) and returns a ready Drafter; options carries CLI settings such as
-# the drafter checkpoint path (`drafter`) and method-specific knobs.
-DrafterFactory = Callable[..., Drafter]
+# ---- building by name -------------------------------------------------------------------------------------------
+# A method module defines `build(target, options) -> Method`; options holds the parsed `--method-option` settings
+# (evalsuite.catalog) and, for learned methods, the drafter checkpoint (`drafter`).
+MethodFactory = Callable[..., Method]
 
 
 @dataclass(frozen=True)
 class MethodInfo:
-    name: str
-    factory: DrafterFactory
-    summary: str
-    needs_checkpoint: bool
+    spec: MethodSpec
 
+    @property
+    def name(self) -> str:
+        return self.spec.name
 
-METHODS: dict[str, MethodInfo] = {}
+    @property
+    def summary(self) -> str:
+        return self.spec.summary
 
+    @property
+    def needs_checkpoint(self) -> bool:
+        return self.spec.needs_checkpoint
 
-def register(name: str, summary: str, needs_checkpoint: bool = False):
-    def wrap(factory: DrafterFactory) -> DrafterFactory:
-        METHODS[name] = MethodInfo(name, factory, summary, needs_checkpoint)
-        return factory
-
-    return wrap
+    @property
+    def factory(self) -> MethodFactory:
+        return importlib.import_module(f"evalsuite.methods.{self.spec.module}").build
 
 
 def get_method(name: str) -> MethodInfo:
-    import evalsuite.methods  # noqa: F401  (imports every method module so that they register)
-
-    if name not in METHODS:
-        raise UserError(f"unknown method '{name}'; choose from: {', '.join(sorted(METHODS))}")
-    return METHODS[name]
+    return MethodInfo(method_spec(name))

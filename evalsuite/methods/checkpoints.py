@@ -1,4 +1,4 @@
-"""Drafter checkpoints, shared by every learned method (dlite, dflash, dspark, eagle3).
+"""Method checkpoints, shared by every learned method (dlite, dflash, dspark, eagle3).
 
 Stable API (other method modules import these names; keep their signatures):
 

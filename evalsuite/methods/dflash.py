@@ -16,7 +16,7 @@ z-lab layout (`z-lab/Qwen3-{4B,8B}-DFlash-b16`, z-lab `dflash/model.py`):
 DeepSpec layout (`deepseek-ai/dflash_qwen3_{4b,8b}_block7`): a `Qwen3DSparkModel` with `markov_rank 0` and no
 confidence head (DeepSpec `config/dflash/*.py`): own frozen embed/lm_head copies, every slot predicts (slot j →
 a+j+1, 7 proposals), sampled at the target temperature with proposal softmax(logits / T). It runs through
-`dspark.DeepSpecDrafter`.
+`dspark.DeepSpecMethod`.
 
 Random-init default (no checkpoint): the z-lab layout with block 16, 5 layers of the target's layer sizes and
 z-lab's target-layer rule; `options["layout"] = "block7"` gives the DeepSpec layout instead.
@@ -30,15 +30,15 @@ from __future__ import annotations
 import torch
 
 from evalsuite.errors import UserError
-from evalsuite.methods.base import Drafter, Proposal, Sampling, register
+from evalsuite.methods.base import Method, Proposal, Sampling
 from evalsuite.methods.checkpoints import (
     check_fit, detect_method, drafter_source, load_checkpoint, load_weights, read_config, resolve_checkpoint_dir,
 )
 from evalsuite.methods.draft_layers import (
-    ContextCacheDrafter, FusedContextBackbone, default_layer_config, default_mask_token_id, evenly_spaced_zlab,
+    ContextCacheMethod, FusedContextBackbone, default_layer_config, default_mask_token_id, evenly_spaced_zlab,
     init_random_, materialize, qwen3_config, require,
 )
-from evalsuite.methods.dspark import DeepSpecDrafter, build_deepspec, default_feature_layers, random_dspark_layout
+from evalsuite.methods.dspark import DeepSpecMethod, build_deepspec, default_feature_layers, random_dspark_layout
 
 ZLAB_BLOCK = 16
 ZLAB_LAYERS = 5
@@ -46,7 +46,7 @@ RANDOM_SEED = 0
 LAYOUTS = ("zlab", "block7")
 
 
-class ZLabDFlashDrafter(ContextCacheDrafter):
+class ZLabDFlashMethod(ContextCacheMethod):
     name = "dflash"
 
     def __init__(self, target, model: FusedContextBackbone, block_size: int, mask_token_id: int,
@@ -67,7 +67,7 @@ class ZLabDFlashDrafter(ContextCacheDrafter):
                 "embed_tokens": "target", "lm_head": "target", "draft_sampling": "greedy"}
 
 
-class DeepSpecDFlashDrafter(DeepSpecDrafter):
+class DeepSpecDFlashMethod(DeepSpecMethod):
     """DeepSpec's block7 DFlash: the DSpark model without Markov and confidence heads."""
 
     name = "dflash"
@@ -92,14 +92,14 @@ def _zlab_settings(config: dict, who: str) -> tuple[int, int, tuple[int, ...], i
     return block, int(dflash["mask_token_id"]), ids, None if layers is None else int(layers)
 
 
-def build_zlab(target, options: dict, source: str | None) -> ZLabDFlashDrafter:
+def build_zlab(target, options: dict, source: str | None) -> ZLabDFlashMethod:
     if source is None:
         cfg = default_layer_config(target, ZLAB_LAYERS)
         ids = default_feature_layers(target)
         model = materialize(lambda: FusedContextBackbone(cfg, len(ids)), target.device, target.dtype)
         init_random_(model, int(options.get("seed", RANDOM_SEED)))
         mask, how = default_mask_token_id(target)
-        return ZLabDFlashDrafter(target, model, ZLAB_BLOCK, mask, ids,
+        return ZLabDFlashMethod(target, model, ZLAB_BLOCK, mask, ids,
                                  {"weights": "random-init", "layers": ZLAB_LAYERS, "mask_token": how})
     checkpoint = load_checkpoint(source, "dflash")
     who = f"dflash drafter {source}"
@@ -110,25 +110,23 @@ def build_zlab(target, options: dict, source: str | None) -> ZLabDFlashDrafter:
     state = checkpoint.state_dict(target.device, target.dtype)
     model = materialize(lambda: FusedContextBackbone(cfg, len(ids)), target.device, target.dtype)
     load_weights(model, state, who)
-    drafter = ZLabDFlashDrafter(target, model, block, mask, ids,
+    drafter = ZLabDFlashMethod(target, model, block, mask, ids,
                                 {"weights": "checkpoint", "layers": cfg.num_hidden_layers})
     drafter.checkpoint_path, drafter.checkpoint_hash = str(checkpoint.path), checkpoint.sha256
     return drafter
 
 
-@register("dflash", "DFlash: parallel block drafter over a draft KV cache (z-lab b16 or DeepSpec block7 layout)",
-          needs_checkpoint=True)
-def build(target, options: dict) -> Drafter:
+def build(target, options: dict) -> Method:
     source = drafter_source("dflash", options)
     if source is None:
         layout = str(options.get("layout", "zlab"))
         if layout not in LAYOUTS:
             raise UserError(f"dflash layout '{layout}': choose one of {', '.join(LAYOUTS)}")
         if layout == "block7":
-            return build_deepspec(target, options, "dflash", DeepSpecDFlashDrafter,
+            return build_deepspec(target, options, "dflash", DeepSpecDFlashMethod,
                                   lambda t: random_dspark_layout(t, markov_rank=0))
         return build_zlab(target, options, None)
     config = read_config(resolve_checkpoint_dir(source))
     if detect_method(config) == "dflash" and "Qwen3DSparkModel" in (config.get("architectures") or []):
-        return build_deepspec(target, options, "dflash", DeepSpecDFlashDrafter, random_dspark_layout)
+        return build_deepspec(target, options, "dflash", DeepSpecDFlashMethod, random_dspark_layout)
     return build_zlab(target, options, source)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from evalsuite.methods.base import Drafter, DraftState, Proposal, Sampling, register, tensor_bytes
+from evalsuite.methods.base import Method, DraftState, Proposal, Sampling, tensor_bytes
 from evalsuite.methods.checkpoints import check_fit, drafter_source, load_checkpoint, load_weights
 from evalsuite.methods.draft_layers import (
     DraftBackbone, RMSNorm, next_token, default_layer_config, default_mask_token_id, init_random_,
@@ -150,7 +150,7 @@ def block_positions(group: int, block_size: int, slots: int, device=None) -> tor
     return torch.cat([context, torch.arange(group + block_size - 1, device=device)])
 
 
-class DLiteDrafter(Drafter):
+class DLiteMethod(Method):
     name = "dlite"
 
     def __init__(self, target, model: DLiteModel, settings: DLiteSettings, provenance: dict):
@@ -223,7 +223,7 @@ class DLiteDrafter(Drafter):
                 "embed_tokens": "target", "lm_head": "own rank-R RNN head"}
 
 
-def build_random(target, options: dict) -> DLiteDrafter:
+def build_random(target, options: dict) -> DLiteMethod:
     slots = min(DEFAULT_SLOTS, target.num_layers)
     mask, how = default_mask_token_id(target)
     settings = DLiteSettings(DEFAULT_BLOCK, int(options.get("anchor_group_size", 1)),
@@ -232,13 +232,11 @@ def build_random(target, options: dict) -> DLiteDrafter:
     cfg = default_layer_config(target, DEFAULT_LAYERS)
     model = materialize(lambda: DLiteModel(cfg, settings), target.device, target.dtype)
     init_random_(model, int(options.get("seed", RANDOM_SEED)))
-    return DLiteDrafter(target, model, settings, {"weights": "random-init", "layers": DEFAULT_LAYERS,
+    return DLiteMethod(target, model, settings, {"weights": "random-init", "layers": DEFAULT_LAYERS,
                                                   "mask_token": how})
 
 
-@register("dlite", "DLite: history-free block drafter (last token's multi-layer features, RNN head, no KV cache)",
-          needs_checkpoint=True)
-def build(target, options: dict) -> Drafter:
+def build(target, options: dict) -> Method:
     source = drafter_source("dlite", options)
     if source is None:
         return build_random(target, options)
@@ -252,6 +250,6 @@ def build(target, options: dict) -> Drafter:
     state = checkpoint.state_dict(target.device, target.dtype)
     model = materialize(lambda: DLiteModel(cfg, settings), target.device, target.dtype)
     load_weights(model, state, who)
-    drafter = DLiteDrafter(target, model, settings, {"weights": "checkpoint", "layers": cfg.num_hidden_layers})
+    drafter = DLiteMethod(target, model, settings, {"weights": "checkpoint", "layers": cfg.num_hidden_layers})
     drafter.checkpoint_path, drafter.checkpoint_hash = str(checkpoint.path), checkpoint.sha256
     return drafter

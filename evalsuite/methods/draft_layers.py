@@ -12,7 +12,7 @@ Module attribute names reproduce the released checkpoints' key names (`layers.{i
 `layers.{i}.mlp.gate_proj.weight`, `layers.{i}.input_layernorm.weight`, `norm.weight`, `fc.weight`,
 `hidden_norm.weight`), so a checkpoint loads without renaming.
 
-Also here: the growable draft KV cache of the context-keeping methods, and `ContextCacheDrafter`, the
+Also here: the growable draft KV cache of the context-keeping methods, and `ContextCacheMethod`, the
 draft/commit bookkeeping DFlash and DSpark share.
 """
 
@@ -25,8 +25,9 @@ from transformers import Qwen3Config
 from transformers.activations import ACT2FN
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
+from evalsuite.buffers import GrowableBuffer
 from evalsuite.errors import UserError
-from evalsuite.methods.base import Drafter, DraftState, Proposal, common_prefix_len, tensor_bytes
+from evalsuite.methods.base import Method, DraftState, Proposal, common_prefix_len, tensor_bytes
 
 INIT_STD = 0.02  # HF `initializer_range` default, used for random-init drafters
 
@@ -128,7 +129,8 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class ContextKVCache:
-    """Draft K/V of the context rows, per layer, in buffers that grow by doubling.
+    """Draft K/V of the context rows, per layer, in `GrowableBuffer`s [kv_heads, capacity, head_dim] that grow by
+    doubling.
 
     A forward writes its new context rows *and* the block after the committed length, attends over all of it,
     and then `advance`s by the context rows only: the block's K/V are left as slack and overwritten next time,
@@ -136,25 +138,13 @@ class ContextKVCache:
 
     def __init__(self, num_layers: int):
         self.num_layers = num_layers
-        self.keys: list[torch.Tensor | None] = [None] * num_layers
-        self.values: list[torch.Tensor | None] = [None] * num_layers
+        self.keys = [GrowableBuffer(axis=1) for _ in range(num_layers)]
+        self.values = [GrowableBuffer(axis=1) for _ in range(num_layers)]
         self.length = 0
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v: [kv_heads, t, head_dim] written at [length, length+t); returns the views [0, length+t)."""
-        end = self.length + k.shape[1]
-        buf_k, buf_v = self.keys[layer], self.values[layer]
-        if buf_k is None or buf_k.shape[1] < end:
-            capacity = max(end, 2 * (buf_k.shape[1] if buf_k is not None else 0), 64)
-            new_k = k.new_empty(k.shape[0], capacity, k.shape[2])
-            new_v = v.new_empty(v.shape[0], capacity, v.shape[2])
-            if buf_k is not None and self.length:
-                new_k[:, : self.length] = buf_k[:, : self.length]
-                new_v[:, : self.length] = buf_v[:, : self.length]
-            self.keys[layer], self.values[layer] = buf_k, buf_v = new_k, new_v
-        buf_k[:, self.length: end] = k
-        buf_v[:, self.length: end] = v
-        return buf_k[:, :end], buf_v[:, :end]
+        return self.keys[layer].write(self.length, k), self.values[layer].write(self.length, v)
 
     def advance(self, rows: int) -> None:
         self.length += rows
@@ -167,11 +157,7 @@ class ContextKVCache:
 
     def nbytes(self) -> int:
         """Bytes of the live K/V (the committed length; the doubling slack is not counted)."""
-        live = 0
-        for k in self.keys:
-            if k is not None:
-                live += 2 * k.shape[0] * self.length * k.shape[2] * k.element_size()
-        return live
+        return sum(self.length * (k.row_bytes() + v.row_bytes()) for k, v in zip(self.keys, self.values))
 
 
 class BlockAttention(nn.Module):
@@ -328,7 +314,7 @@ def stack_proposal(tokens: list[torch.Tensor], probs: list[torch.Tensor | None],
 
 
 # ---- the context-cache drafters' bookkeeping ---------------------------------------------------------------
-class ContextCacheDrafter(Drafter):
+class ContextCacheMethod(Method):
     """DFlash and DSpark: a draft KV cache over every context position, extended on commit.
 
     The reference loop (z-lab `dflash_generate`, DeepSpec `forward_dspark_draft_block`) passes, at each draft
@@ -422,7 +408,7 @@ def require(condition: bool, who: str, message: str) -> None:
 
 
 __all__ = [
-    "ContextCacheDrafter", "ContextKVCache", "DraftBackbone", "DraftDecoderLayer", "FusedContextBackbone",
+    "ContextCacheMethod", "ContextKVCache", "DraftBackbone", "DraftDecoderLayer", "FusedContextBackbone",
     "RMSNorm", "SwiGLU", "BlockAttention", "choose_token", "next_token", "default_layer_config", "default_mask_token_id",
     "evenly_spaced_zlab", "init_random_", "materialize", "qwen3_config", "require", "rotate", "stack_proposal",
 ]

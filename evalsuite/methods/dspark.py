@@ -12,7 +12,7 @@ distribution is softmax(corrected logits / T) (DeepSpec `logits_to_probs`). The 
 `_confident_prefix_length`), 0 (the default, as in DeepSpec's eval) verifies the full block.
 
 DeepSpec's own DFlash baseline (`dflash_qwen3_*_block7`) is this model with `markov_rank 0` and no confidence
-head; `dflash` runs it through `DeepSpecDrafter` below.
+head; `dflash` runs it through `DeepSpecMethod` below.
 
 Released keys (unprefixed): `embed_tokens.weight`, `lm_head.weight`, `fc.weight`, `hidden_norm.weight`,
 `norm.weight`, `layers.{i}.…`, `markov_head.markov_w1.weight` [V,r], `markov_head.markov_w2.weight` [V,r]
@@ -34,11 +34,10 @@ from typing import Callable
 import torch
 from torch import nn
 
-from evalsuite.errors import UserError
-from evalsuite.methods.base import Drafter, Proposal, Sampling, register
+from evalsuite.methods.base import Method, Proposal, Sampling
 from evalsuite.methods.checkpoints import check_fit, drafter_source, load_checkpoint, load_weights
 from evalsuite.methods.draft_layers import (
-    ContextCacheDrafter, FusedContextBackbone, next_token, default_layer_config, default_mask_token_id,
+    ContextCacheMethod, FusedContextBackbone, next_token, default_layer_config, default_mask_token_id,
     evenly_spaced_zlab, init_random_, materialize, qwen3_config, require, stack_proposal,
 )
 
@@ -154,7 +153,7 @@ class DeepSpecBlockModel(FusedContextBackbone):
             self.confidence_head = ConfidenceHead(cfg.hidden_size + extra)
 
 
-class DeepSpecDrafter(ContextCacheDrafter):
+class DeepSpecMethod(ContextCacheMethod):
     """Drafting with a `Qwen3DSparkModel` (DeepSpec `_propose` + `build_dspark_proposal`)."""
 
     name = "dspark"
@@ -216,13 +215,11 @@ class DeepSpecDrafter(ContextCacheDrafter):
         return "target (not in checkpoint)" if self.provenance.get("weights") == "checkpoint" else "target"
 
 
-def build_deepspec(target, options: dict, method: str, drafter_class: type[DeepSpecDrafter],
-                   random_layout: Callable[[object], DeepSpecLayout]) -> DeepSpecDrafter:
+def build_deepspec(target, options: dict, method: str, drafter_class: type[DeepSpecMethod],
+                   random_layout: Callable[[object], DeepSpecLayout]) -> DeepSpecMethod:
     """Load a `Qwen3DSparkModel` checkpoint for `method` (or build the random-init default) and check its fit."""
     who = method
-    threshold = float(options.get("confidence_threshold") or 0.0)
-    if not 0.0 <= threshold <= 1.0:
-        raise UserError(f"--confidence-threshold {threshold}: expected a value in [0, 1]")
+    threshold = float(options.get("confidence_threshold") or 0.0)  # checked by evalsuite.catalog
     source = drafter_source(method, options)
     if source is None:
         layout = random_layout(target)
@@ -272,7 +269,5 @@ def random_dspark_layout(target, markov_rank: int = DEFAULT_MARKOV_RANK) -> Deep
                           markov_rank > 0, markov_rank > 0)
 
 
-@register("dspark", "DSpark (DeepSpec): DFlash backbone, every slot predicts, Markov head, confidence head",
-          needs_checkpoint=True)
-def build(target, options: dict) -> Drafter:
-    return build_deepspec(target, options, "dspark", DeepSpecDrafter, random_dspark_layout)
+def build(target, options: dict) -> Method:
+    return build_deepspec(target, options, "dspark", DeepSpecMethod, random_dspark_layout)

@@ -38,8 +38,9 @@ from torch import nn
 from transformers import LlamaConfig, PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+from evalsuite.buffers import GrowableBuffer
 from evalsuite.errors import UserError
-from evalsuite.methods.base import Drafter, DraftState, Proposal, Sampling, common_prefix_len, register, tensor_bytes
+from evalsuite.methods.base import Method, DraftState, Proposal, Sampling, common_prefix_len, tensor_bytes
 from evalsuite.methods.checkpoints import check_fit, drafter_source, load_checkpoint, load_weights
 from evalsuite.methods.draft_layers import (RMSNorm, SwiGLU, choose_token, evenly_spaced_zlab, init_random_,
                                             full_attention_rope, materialize, qwen3_config, rotate)
@@ -188,33 +189,25 @@ def spec_for_target(target, fmt: str, draft_vocab_size: int | None = None) -> Ea
 
 # ---- modules --------------------------------------------------------------------------------------------------
 class DraftKVCache:
-    """Keys and values of the one draft layer, [kv_heads, length, head_dim], in a buffer that grows by doubling."""
+    """Keys and values of the one draft layer, [kv_heads, length, head_dim], in `GrowableBuffer`s that grow by
+    doubling (256 entries first)."""
 
     def __init__(self, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device, capacity: int = 256):
-        self.keys = torch.empty(kv_heads, capacity, head_dim, dtype=dtype, device=device)
-        self.values = torch.empty_like(self.keys)
+        self.keys = GrowableBuffer(axis=1, minimum=capacity)
+        self.values = GrowableBuffer(axis=1, minimum=capacity)
+        self._entry_bytes = 2 * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
         self.length = 0
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """keys/values [q, kv_heads, head_dim]; returns the whole cache after the append."""
-        end = self.length + keys.shape[0]
-        if end > self.keys.shape[1]:
-            capacity = max(end, 2 * self.keys.shape[1])
-            for name in ("keys", "values"):
-                old = getattr(self, name)
-                grown = old.new_empty(old.shape[0], capacity, old.shape[2])
-                grown[:, : self.length] = old[:, : self.length]
-                setattr(self, name, grown)
-        self.keys[:, self.length: end] = keys.transpose(0, 1)
-        self.values[:, self.length: end] = values.transpose(0, 1)
-        self.length = end
-        return self.keys[:, :end], self.values[:, :end]
+        start, self.length = self.length, self.length + keys.shape[0]
+        return self.keys.write(start, keys.transpose(0, 1)), self.values.write(start, values.transpose(0, 1))
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
 
     def entry_bytes(self) -> int:
-        return 2 * self.keys.shape[0] * self.keys.shape[2] * self.keys.element_size()
+        return self._entry_bytes
 
     def nbytes(self) -> int:
         """Bytes of the entries held (what a concatenating cache such as the reference's DynamicCache holds)."""
@@ -353,7 +346,7 @@ class Eagle3Model(nn.Module):
 
 
 # ---- the drafter ----------------------------------------------------------------------------------------------
-class Eagle3Drafter(Drafter):
+class Eagle3Method(Method):
     name = METHOD
 
     def __init__(self, model: Eagle3Model, target, weights: str, embed_source: str,
@@ -449,7 +442,7 @@ class Eagle3Drafter(Drafter):
 
 
 # ---- building -------------------------------------------------------------------------------------------------
-def load_drafter(target, source: str) -> Eagle3Drafter:
+def load_drafter(target, source: str) -> Eagle3Method:
     checkpoint = load_checkpoint(source, METHOD)
     who = f"eagle3 drafter {source}"
     spec = spec_from_config(checkpoint.config, target.num_layers, who)
@@ -474,7 +467,7 @@ def load_drafter(target, source: str) -> Eagle3Drafter:
     load_weights(model, state, who, optional=optional)
     if model.d2t is not None:
         _check_vocab_map(model, who)
-    return Eagle3Drafter(model, target, "checkpoint", embed_source, str(checkpoint.path), checkpoint.sha256)
+    return Eagle3Method(model, target, "checkpoint", embed_source, str(checkpoint.path), checkpoint.sha256)
 
 
 def _check_not_final_layer(target, spec: Eagle3Spec, who: str) -> None:
@@ -492,7 +485,7 @@ def _check_vocab_map(model: Eagle3Model, who: str) -> None:
 
 
 def random_drafter(target, fmt: str = "deepspec", seed: int = 0, draft_vocab_size: int | None = None
-                   ) -> Eagle3Drafter:
+                   ) -> Eagle3Method:
     """An untrained drafter of the default size for this target. Like a fresh DeepSpec drafter (and EAGLE's
     load_emb) it uses the target's embedding and, at full vocabulary, the target's lm_head; everything else is
     N(0, 0.02). A reduced SpecForge vocabulary maps onto the first target ids (no token counts to choose by)."""
@@ -507,12 +500,10 @@ def random_drafter(target, fmt: str = "deepspec", seed: int = 0, draft_vocab_siz
     else:  # the first draft_vocab_size target ids: d2t = 0
         model.d2t.zero_()
         model.t2d.copy_(torch.arange(spec.vocab_size, device=target.device) < spec.draft_vocab_size)
-    return Eagle3Drafter(model, target, "random-init", "target")
+    return Eagle3Method(model, target, "random-init", "target")
 
 
-@register(METHOD, "EAGLE-3: one draft layer over fused target features, draft KV cache, chain drafting "
-                  "(SpecForge/EAGLE and DeepSpec checkpoints)", needs_checkpoint=True)
-def build(target, options: dict) -> Drafter:
+def build(target, options: dict) -> Method:
     source = drafter_source(METHOD, options)
     if source is not None:
         return load_drafter(target, source)

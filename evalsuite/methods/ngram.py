@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from evalsuite.methods.base import Drafter, DraftState, Proposal, Sampling, register, tensor_bytes
+from evalsuite.methods.base import Method, DraftState, Proposal, Sampling, tensor_bytes
 
 
-class PromptLookupDrafter(Drafter):
+class PromptLookupMethod(Method):
     name = "ngram"
 
     def __init__(self, device: torch.device, max_ngram: int = 3, min_ngram: int = 1):
@@ -50,6 +50,5 @@ class PromptLookupDrafter(Drafter):
         return {**super().describe(), "max_ngram": self.max_ngram, "min_ngram": self.min_ngram}
 
 
-@register("ngram", "prompt lookup: proposes the continuation of the latest earlier match of the last n tokens")
-def build(target, options: dict) -> Drafter:
-    return PromptLookupDrafter(target.device, int(options.get("max_ngram", 3)), int(options.get("min_ngram", 1)))
+def build(target, options: dict) -> Method:
+    return PromptLookupMethod(target.device, int(options.get("max_ngram", 3)), int(options.get("min_ngram", 1)))

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from evalsuite.errors import UserError
-from evalsuite.methods.base import Drafter, DraftState, Proposal, Sampling, register
+from evalsuite.methods.base import Method, DraftState, Proposal, Sampling
 
 INSTALL_HINT = "method suffix needs arctic-inference==0.3.0: pip install 'evalsuite[suffix]' (see scripts/setup.sh)"
 
@@ -42,17 +42,11 @@ def _load_cache_class():
     return SuffixDecodingCache
 
 
-class SuffixDrafter(Drafter):
+class SuffixMethod(Method):
     name = "suffix"
 
     def __init__(self, device: torch.device, max_depth: int = 64, max_spec_factor: float = 1.0,
                  max_spec_offset: float = 0.0, min_token_prob: float = 0.1, max_cached_requests: int = -1):
-        if max_depth < 2:
-            raise UserError(f"suffix: max_depth must be at least 2, got {max_depth}")
-        if max_spec_factor < 0 or min_token_prob < 0 or min_token_prob > 1:
-            raise UserError("suffix: need max_spec_factor >= 0 and 0 <= min_token_prob <= 1")
-        if max_cached_requests == 0:
-            raise UserError("suffix: max_cached_requests 0 would switch the global tree off; use -1 for no limit")
         self.device = device
         self.max_depth = max_depth
         self.max_spec_factor = max_spec_factor
@@ -116,20 +110,6 @@ def _library_version() -> str | None:
         return None
 
 
-OPTION_TYPES = {"max_depth": int, "max_spec_factor": float, "max_spec_offset": float, "min_token_prob": float,
-                "max_cached_requests": int}
-
-
-@register("suffix", "SuffixDecoding (arctic-inference): suffix trees over the context and over earlier replies")
-def build(target, options: dict) -> Drafter:
-    settings = {}
-    for key, value in options.items():
-        if key == "drafter":
-            raise UserError("method suffix takes no --drafter checkpoint")
-        if key not in OPTION_TYPES:
-            raise UserError(f"suffix: unknown option '{key}'; choose from: {', '.join(OPTION_TYPES)}")
-        try:
-            settings[key] = OPTION_TYPES[key](value)
-        except ValueError:
-            raise UserError(f"suffix: option {key}={value!r} is not a valid {OPTION_TYPES[key].__name__}") from None
-    return SuffixDrafter(target.device, **settings)
+def build(target, options: dict) -> Method:
+    """`options`: the settings parsed by evalsuite.catalog (max_depth, max_spec_factor, ...)."""
+    return SuffixMethod(target.device, **options)

@@ -21,7 +21,7 @@ from evalsuite.report.load import Results, display_path, load_results
 from evalsuite.report.tables import (Cell, Table, baseline_table, context_table, cost_context_table, cost_table,
                                      headline_tables, position_table, results_table, summary_table, tau_macro_table,
                                      to_latex, to_markdown)
-from evalsuite.runner import BASELINE
+from evalsuite.conventions import BASELINE
 
 FORMATS = ("md", "latex", "csv", "html")
 VERSION_KEYS = ("evalsuite", "torch", "transformers", "numpy", "pandas", "pyarrow")

@@ -15,10 +15,11 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from evalsuite import conventions, metrics
 from evalsuite.report import stats
 from evalsuite.report.load import Results
 from evalsuite.report.tables import human_bytes
-from evalsuite.runner import BASELINE
+from evalsuite.conventions import BASELINE
 
 STYLE = {"font.size": 9, "axes.axisbelow": True, "axes.spines.top": False, "axes.spines.right": False,
          "axes.grid": True, "axes.titlesize": 9.5, "legend.fontsize": 9,
@@ -98,7 +99,7 @@ def write_figures(results: Results, summary: pd.DataFrame, curves: pd.DataFrame,
     palette = Palette(results.methods)
     drafting = steps[steps.method.isin(methods)]
     groups = method_groups(results, methods)
-    turns = stats.per_turn(drafting, results.turns[results.turns.method.isin(methods)])
+    turns = metrics.per_turn(drafting, results.turns[results.turns.method.isin(methods)])
     tasks = results.tasks
     builders = [
         ("speedup_vs_context", "Speedup against context, within each task",
@@ -196,7 +197,7 @@ def _context_figure(curves, turns, groups, tasks, palette, measure: str, ylabel:
     if curves.empty or not tasks:
         return None
     figure, axes = _grid(len(groups), len(tasks))
-    per_turn_column = "speedup_pooled_turn" if measure == "speedup" else "tau"
+    per_turn_column = "speedup_turn" if measure == "speedup" else "tau"
     low_col, high_col = f"{measure}_lo", f"{measure}_hi"
     for r, (label, methods) in enumerate(groups):
         for c, task in enumerate(tasks):
@@ -311,7 +312,7 @@ def _tau_vs_turn(steps, turns, groups, tasks, palette, seed, n_resamples) -> Fig
                                 ecolor=style["color"], capsize=2.5, elinewidth=1.0)
             if r == 0:
                 in_task = (turns.task == task) & turns.method.isin([m for _, ms in groups for m in ms])
-                skipped = int((in_task & (turns.stop_reason == stats.SKIPPED)).sum())
+                skipped = int((in_task & (turns.stop_reason == conventions.SKIPPED)).sum())
                 ax.set_title(task + (f"  ({skipped} turns skipped: context limit)" if skipped else ""))
             turns_here = sorted(steps[steps.task == task].turn.unique() + 1)
             ax.set_xticks(turns_here if len(turns_here) <= 12 else turns_here[:: -(-len(turns_here) // 12)])
@@ -332,7 +333,7 @@ def _per_position(steps, methods, palette) -> Figure | None:
     figure, axes = _grid(1, 2, height=3.2)
     width = 0.8 / len(methods)
     for i, method in enumerate(methods):
-        table = stats.per_position(steps[steps.method == method], max_position=k)
+        table = metrics.per_position(steps[steps.method == method], max_position=k)
         x = table.position.to_numpy() + (i - (len(methods) - 1) / 2) * width
         for ax, column, count in zip(axes[0], ("conditional", "marginal"), ("reached", "drafted")):
             shown = table[count].to_numpy() > 0  # a position never reached has no bar (not a bar at 0)

@@ -7,20 +7,16 @@ subsets of one task become separate columns of the tables.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
+from evalsuite import store
 from evalsuite.config import DRIFT_FIELDS, PER_METHOD_DRIFT_FIELDS, drift_value
+from evalsuite.conventions import BASELINE
 from evalsuite.errors import UserError
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from evalsuite.records import STEP_SCHEMA, TURN_SCHEMA
-from evalsuite.runner import BASELINE
 
 # Drift fields that legitimately differ between runs of *different* tasks; they must agree only among runs of
 # the same task (otherwise two rows of one table column would come from different protocols).
@@ -66,52 +62,22 @@ def task_label(task: str, subset: str | None) -> str:
 
 
 def read_run(path: Path, key: str) -> tuple[RunInfo, pd.DataFrame, pd.DataFrame]:
+    """One run directory through the store's reader (orphaned parts ignored, older runs' columns filled)."""
     path = Path(path)
-    config_path = path / "run.json"
-    if not config_path.is_file():
+    if not (path / "run.json").is_file():
         raise UserError(f"{path}: no run.json here; pass directories written by `evalsuite run --out DIR`")
-    try:
-        config = json.loads(config_path.read_text())
-    except ValueError as err:
-        raise UserError(f"{config_path}: not valid JSON ({err}); rerun `evalsuite run` into a new --out") from err
-    info = RunInfo(key, path, config)
-    steps, turns = read_table(path / "steps.parquet", STEP_SCHEMA), read_table(path / "turns.parquet", TURN_SCHEMA)
+    tables = store.read_run(path)
+    info = RunInfo(key, path, tables.config)
+    steps, turns = tables.steps, tables.turns
     if turns.empty:
-        raise UserError(f"{path}: no finished trajectories in turns.parquet; finish the run with "
+        raise UserError(f"{path}: no finished turns in turns.parquet; finish the run with "
                         f"`evalsuite run ... --out {path} --resume`")
     _check_flags(steps, path)
     for frame in (steps, turns):
         frame["run"] = key
         frame["task"] = info.task_label
-        frame["temperature"] = float(config.get("temperature", float("nan")))
+        frame["temperature"] = float(info.config.get("temperature", float("nan")))
     return info, steps, turns
-
-
-# Columns the report computes from; a run without one of them cannot be reported. Any other column of the record
-# schema that an older run lacks is filled (FILL_MISSING, else NaN), and columns added later are kept as they are.
-REQUIRED_COLUMNS = {"method", "task", "sample_id", "turn", "context_len", "num_drafted", "num_accepted",
-                    "accept_flags", "draft_s", "verify_s", "new_tokens", "decode_s", "ar_decode_s", "ar_new_tokens",
-                    "stop_reason"}
-FILL_MISSING = {"draft_state_bytes": 0, "draft_history_bytes": 0, "dropped_tokens": 0, "dropped_messages": 0,
-                "skip_reason": "",
-                "output_ids": None}
-
-
-def read_table(directory: Path, schema: pa.Schema) -> pd.DataFrame:
-    """All Parquet parts of one table, tolerating columns added by later versions (kept) and columns an older
-    run lacks (filled), except those the report computes from (`REQUIRED_COLUMNS`: an error naming it)."""
-    parts = sorted(Path(directory).glob("*.parquet")) if Path(directory).is_dir() else []
-    if not parts:
-        return schema.empty_table().to_pandas()
-    frames = [pq.read_table(p).to_pandas() for p in parts]
-    frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    for name in schema.names:
-        if name not in frame.columns:
-            if name in REQUIRED_COLUMNS:
-                raise UserError(f"{directory}: column {name!r} is missing; this run was written by an "
-                                f"incompatible evalsuite version, rerun it")
-            frame[name] = FILL_MISSING.get(name, float("nan"))
-    return frame
 
 
 def load_results(paths: list[Path], allow_mixed: bool = False, tasks: list[str] | None = None,
@@ -227,7 +193,7 @@ def _unfinished(info: RunInfo, turns: pd.DataFrame, base: Path | None = None) ->
     selected = set(info.config.get("sample_ids") or [])
     notes = []
     for method in info.config.get("methods") or []:
-        done = set(turns[turns.method == method].sample_id)
+        done = set(turns[(turns.method == method) & turns["last"].astype(bool)].sample_id)
         if selected and len(done) < len(selected):
             notes.append(f"{info.key}: {method} finished {len(done)} of the {len(selected)} selected samples "
                          f"(finish it with `evalsuite run ... --out {display_path(info.path, base)} --resume`)")

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from evalsuite import conventions
 from evalsuite.bundled import bundled_path
 from evalsuite.errors import UserError
-from evalsuite.report import stats
 from evalsuite.report.load import Results
 from evalsuite.report.tables import Cell, Table
 
@@ -99,7 +99,7 @@ def comparison_table(results: Results, summary: pd.DataFrame, published: pd.Data
         notes.append("no published number matches any (method, task, temperature) of this report"
                      + (f"; published numbers exist for {listing}" if listing else ""))
     notes += ["a published number is shown only where method, task (and LongBench v2 domain) and temperature all "
-              "match ours", stats.TAU_CONVENTION, stats.SPEEDUP_CONVENTION,
+              "match ours", conventions.TAU, conventions.SPEEDUP,
               "the sources and caveats of every published row are in baselines/published/ and this table's CSV"]
     header = ["Method", "Task", "T", "our τ", "our speedup", "their target", "their τ", "their speedup", "source"]
     return Table("published_comparison", "Ours beside published numbers", header, rows, notes,

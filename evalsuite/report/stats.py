@@ -1,6 +1,6 @@
-"""The measures every table and figure uses, defined once: τ, per-position acceptance, speedup, costs, and the
-trajectory bootstrap. All are pure functions of the steps/turns tables (pandas DataFrames as `records` stores them).
-"""
+"""The report's statistics over the steps/turns tables: costs, context curves, the per-cell summary and the
+trajectory bootstrap. τ, speedup, per-position acceptance and pairing themselves are defined once, in
+`evalsuite.metrics`."""
 
 from __future__ import annotations
 
@@ -12,18 +12,9 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from evalsuite.runner import BASELINE
+from evalsuite import metrics
+from evalsuite.conventions import BASELINE
 
-TAU_CONVENTION = ("τ = pooled ratio over verify steps: sum of (accepted drafts + 1) / number of steps, bonus "
-                  "included (steps that drafted nothing count as 1, except those the token budget left no room to "
-                  "draft, which are excluded; drafts accepted after an EOS are not counted); τ (turn macro) = the "
-                  "unweighted mean of per-turn τ")
-SPEEDUP_CONVENTION = ("speedup = paired AR decode time per token / method decode time per token, each pooled over "
-                      "all paired turns (sum of seconds / sum of tokens); decode excludes the target prefill and "
-                      "includes the drafter's start-of-turn work")
-POSITION_CONVENTION = ("position j: conditional = P(j accepted | positions 1..j-1 accepted), marginal = "
-                       "P(positions 1..j all accepted); both count only steps that drafted at least j tokens "
-                       "(a position that was not drafted is not a rejection)")
 CI_CONVENTION = ("95 % CI: percentile bootstrap resampling whole trajectories (sample ids) with replacement; "
                  "± is half the interval's width; a cell with one trajectory has no interval and prints n=1")
 CONTEXT_CONVENTION = ("context = the turn's prompt length in tokens (what the target holds before the reply); bins "
@@ -33,87 +24,16 @@ MIN_TRAJECTORIES = 5  # below this many trajectories a cell carries a visible no
 SKIPPED_CONVENTION = "turns skipped at the context limit are excluded from τ and speedup and counted in `skipped`"
 
 DEFAULT_RESAMPLES = 2000
-SKIPPED = "skipped"
-
-
-# ---- τ ---------------------------------------------------------------------------------------------------------
-def counted(steps: pd.DataFrame) -> pd.Series:
-    """The steps τ counts: not those the token budget (or the window) left no room to draft (`budget_limited`)."""
-    if "budget_limited" not in steps.columns:
-        return pd.Series(True, index=steps.index)
-    return ~steps.budget_limited.astype(bool)
-
-
-def tau(steps: pd.DataFrame) -> float:
-    """τ, the pooled ratio over verify steps: sum over steps of (accepted + 1) divided by the number of steps."""
-    steps = steps[counted(steps)]
-    if steps.empty:
-        return float("nan")
-    return float((steps.num_accepted + 1).sum() / len(steps))
-
-
-def tau_turn_macro(steps: pd.DataFrame) -> float:
-    """The per-turn macro average: τ of each (run, sample, turn), then their unweighted mean."""
-    steps = steps[counted(steps)]
-    if steps.empty:
-        return float("nan")
-    keys = [c for c in ("run", "method", "task", "sample_id", "turn") if c in steps.columns]
-    per_turn = (steps.num_accepted + 1).groupby([steps[c] for c in keys]).mean()
-    return float(per_turn.mean())
-
-
-# ---- speedup ---------------------------------------------------------------------------------------------------
-def decoded(turns: pd.DataFrame) -> pd.DataFrame:
-    return turns[turns.stop_reason != SKIPPED]
-
-
-def paired(turns: pd.DataFrame) -> pd.DataFrame:
-    """Decoded turns that have a paired AR measurement and produced tokens on both sides."""
-    ok = (turns.stop_reason != SKIPPED) & (turns.new_tokens > 0) & (turns.ar_new_tokens > 0) & \
-         (turns.decode_s > 0) & (turns.ar_decode_s > 0)
-    return turns[ok]
-
-
-def speedup(turns: pd.DataFrame) -> float:
-    pairs = paired(turns)
-    if pairs.empty:
-        return float("nan")
-    return float(_speedup_from_sums(np.array([pairs.ar_decode_s.sum(), pairs.ar_new_tokens.sum(),
-                                              pairs.decode_s.sum(), pairs.new_tokens.sum()], dtype=float)))
 
 
 def _speedup_from_sums(sums: np.ndarray) -> np.ndarray:
     """sums[..., :] = (AR seconds, AR tokens, method seconds, method tokens)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return (sums[..., 0] / sums[..., 1]) / (sums[..., 2] / sums[..., 3])
+    return metrics.speedup_ratio(sums[..., 0], sums[..., 1], sums[..., 2], sums[..., 3])
 
 
 def _ratio(sums: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         return sums[..., 0] / sums[..., 1]
-
-
-# ---- per-position acceptance -----------------------------------------------------------------------------------
-def per_position(steps: pd.DataFrame, max_position: int | None = None) -> pd.DataFrame:
-    """One row per draft position j = 1..K with the counts behind both rates.
-
-    drafted  = steps that drafted >= j tokens
-    reached  = those that also accepted positions 1..j-1
-    accepted = those that also accepted position j
-    conditional = accepted / reached, marginal = accepted / drafted."""
-    drafted_len = steps.num_drafted.to_numpy()
-    accepted_len = steps.num_accepted.to_numpy()
-    k = int(drafted_len.max()) if len(steps) else 0
-    k = k if max_position is None else max_position
-    rows = []
-    for j in range(1, k + 1):
-        drafted = int((drafted_len >= j).sum())
-        reached = int(((drafted_len >= j) & (accepted_len >= j - 1)).sum())
-        accepted = int(((drafted_len >= j) & (accepted_len >= j)).sum())
-        rows.append({"position": j, "drafted": drafted, "reached": reached, "accepted": accepted,
-                     "conditional": accepted / reached if reached else float("nan"),
-                     "marginal": accepted / drafted if drafted else float("nan")})
-    return pd.DataFrame(rows, columns=["position", "drafted", "reached", "accepted", "conditional", "marginal"])
 
 
 # ---- costs -----------------------------------------------------------------------------------------------------
@@ -191,7 +111,7 @@ def trajectory_keys(turns: pd.DataFrame) -> pd.Series:
 
 def tau_sums(steps: pd.DataFrame, units: list[str]) -> np.ndarray:
     """[n_units, 2]: per trajectory, sum of (accepted + 1) and number of steps (zeros where it has none)."""
-    steps = steps[counted(steps)]
+    steps = steps[metrics.counted(steps)]
     if steps.empty:
         return np.zeros((len(units), 2))
     grouped = (steps.num_accepted + 1).groupby(trajectory_keys(steps)).agg(["sum", "count"])
@@ -200,7 +120,7 @@ def tau_sums(steps: pd.DataFrame, units: list[str]) -> np.ndarray:
 
 def speedup_sums(turns: pd.DataFrame, units: list[str]) -> np.ndarray:
     """[n_units, 4]: per trajectory, over its paired turns: AR seconds, AR tokens, method seconds, method tokens."""
-    pairs = paired(turns)
+    pairs = metrics.paired(turns)
     if pairs.empty:
         return np.zeros((len(units), 4))
     columns = ["ar_decode_s", "ar_new_tokens", "decode_s", "new_tokens"]
@@ -232,69 +152,31 @@ def summarize(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0,
     for (method, task), cell_turns in turns.groupby(["method", "task"], sort=False):
         cell_steps = steps[(steps.method == method) & (steps.task == task)]
         units = list(dict.fromkeys(trajectory_keys(cell_turns)))
-        done = decoded(cell_turns)
+        done = metrics.decoded(cell_turns)
         tau_low, tau_high = tau_ci(cell_steps, units, cell_seed(seed, "tau", method, task), n_resamples)
         sp_low, sp_high = speedup_ci(cell_turns, units, cell_seed(seed, "speedup", method, task), n_resamples)
         if len(units) < 2 or method == BASELINE:  # one trajectory, or 1 by construction: no interval
             tau_low = tau_high = sp_low = sp_high = float("nan")
-        differs, compared = differs_from_ar(turns[turns.task == task], method)
+        differs, compared = metrics.differs_from_ar(turns[turns.task == task], method)
         rows.append({
             "method": method, "task": task,
             "temperature": float(cell_turns.temperature.iloc[0]) if "temperature" in cell_turns else float("nan"),
             "trajectories": len(units), "turns": len(done), "skipped": int(len(cell_turns) - len(done)),
             "steps": len(cell_steps), "tokens": int(done.new_tokens.sum()),
-            "tau": tau(cell_steps), "tau_ci_low": tau_low, "tau_ci_high": tau_high,
-            "tau_turn_macro": tau_turn_macro(cell_steps),
-            "paired_turns": len(paired(cell_turns)), "speedup": speedup(cell_turns),
+            "tau": metrics.tau(cell_steps), "tau_ci_low": tau_low, "tau_ci_high": tau_high,
+            "tau_turn_macro": metrics.tau_turn_macro(cell_steps),
+            "paired_turns": len(metrics.paired(cell_turns)), "speedup": metrics.speedup(cell_turns),
             "speedup_ci_low": sp_low, "speedup_ci_high": sp_high,
-            "ar_ms_per_token": ar_ms_per_token(turns[turns.task == task]),
+            "ar_ms_per_token": metrics.ar_ms_per_token(turns[turns.task == task]),
             "differs_from_ar": differs, "compared_with_ar": compared,
         })
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
-def ar_ms_per_token(turns: pd.DataFrame) -> float:
-    """The AR baseline's decode ms per token over a task's turns: from the `ar` method's own turns where it ran,
-    else from the paired AR measurements stored with the other methods' turns."""
-    ar = decoded(turns[turns.method == BASELINE])
-    if not ar.empty and ar.new_tokens.sum() > 0:
-        return float(1e3 * ar.decode_s.sum() / ar.new_tokens.sum())
-    pairs = paired(turns)
-    if pairs.empty:
-        return float("nan")
-    per_turn = pairs.drop_duplicates(["run", "sample_id", "turn"])
-    return float(1e3 * per_turn.ar_decode_s.sum() / per_turn.ar_new_tokens.sum())
-
-
-def differs_from_ar(turns: pd.DataFrame, method: str) -> tuple[float, int]:
-    """(turns whose output tokens differ from the `ar` output of the same task, sample and turn, turns compared).
-
-    Only for greedy decoding (temperature 0), where a lossless method reproduces `ar` token for token; NaN and 0
-    where it does not apply (sampling, the baseline itself, no `ar` run or no stored output ids)."""
-    if method == BASELINE or "output_ids" not in turns.columns or turns.empty:
-        return float("nan"), 0
-    if not (turns.temperature == 0).all():
-        return float("nan"), 0
-    keys = ["task", "sample_id", "turn"]
-    ours = decoded(turns[turns.method == method])
-    theirs = decoded(turns[turns.method == BASELINE]).drop_duplicates(keys)
-    if ours.empty or theirs.empty:
-        return float("nan"), 0
-    both = ours[keys + ["output_ids"]].merge(theirs[keys + ["output_ids"]], on=keys, suffixes=("", "_ar"))
-    if both.empty:
-        return float("nan"), 0
-    stored = both.output_ids.notna() & both.output_ids_ar.notna()
-    both = both[stored]
-    if both.empty:
-        return float("nan"), 0
-    differ = [list(a) != list(b) for a, b in zip(both.output_ids, both.output_ids_ar)]
-    return float(sum(differ)), len(both)
-
-
 # ---- curves ----------------------------------------------------------------------------------------------------
 def tau_curve(steps: pd.DataFrame, key: pd.Series, seed: int, n_resamples: int = DEFAULT_RESAMPLES) -> pd.DataFrame:
     """τ per value of `key` (aligned with `steps`: a turn index, a context bin), with a trajectory-bootstrap CI."""
-    mask = counted(steps).to_numpy()
+    mask = metrics.counted(steps).to_numpy()
     steps, key = steps[mask], pd.Series(np.asarray(key)[mask], index=steps.index[mask])
     if steps.empty:
         return pd.DataFrame(columns=["key", "tau", "low", "high", "steps", "trajectories"])
@@ -312,21 +194,6 @@ def tau_curve(steps: pd.DataFrame, key: pd.Series, seed: int, n_resamples: int =
     return pd.DataFrame({"key": keys, "tau": point, "low": low, "high": high,
                          "steps": counts.sum(axis=0).to_numpy(int),
                          "trajectories": (counts > 0).sum(axis=0).to_numpy(int)})
-
-
-def context_bins(context_len: pd.Series, n_bins: int = 8) -> np.ndarray:
-    """Log-spaced bin edges covering every context length (one bin when they are all equal)."""
-    low, high = float(context_len.min()), float(context_len.max())
-    if high <= low:
-        return np.array([low, low + 1.0])
-    edges = np.unique(np.round(np.geomspace(max(low, 1.0), high + 1.0, n_bins + 1)))
-    edges[0], edges[-1] = min(edges[0], low), max(edges[-1], high + 1.0)
-    return edges
-
-
-def bin_index(values: pd.Series, edges: np.ndarray) -> pd.Series:
-    index = np.clip(np.searchsorted(edges, values.to_numpy(float), side="right") - 1, 0, len(edges) - 2)
-    return pd.Series(index, index=values.index)
 
 
 # ---- context curves within each task ---------------------------------------------------------------------------
@@ -356,27 +223,6 @@ def context_bin(values, edges: np.ndarray) -> np.ndarray:
     return np.clip(np.searchsorted(edges, np.asarray(values, float), side="right") - 1, 0, len(edges) - 2)
 
 
-def per_turn(steps: pd.DataFrame, turns: pd.DataFrame) -> pd.DataFrame:
-    """One row per decoded turn with its own τ and paired speedup (the thin per-trajectory lines)."""
-    done = decoded(turns).copy()
-    keys = ["run", "method", "task", "sample_id", "turn"]
-    if steps.empty:
-        done["tau"], done["steps"] = np.nan, 0
-    else:
-        steps = steps[counted(steps)]
-        grouped = (steps.num_accepted + 1).groupby([steps[k] for k in keys]).agg(["sum", "count"])
-        done = done.drop(columns=[c for c in ("tau", "steps") if c in done.columns])
-        done = done.join(grouped, on=keys)
-        done["tau"] = done["sum"] / done["count"]
-        done["steps"] = done["count"].fillna(0).astype(int)
-        done = done.drop(columns=["sum", "count"])
-    ok = (done.new_tokens > 0) & (done.ar_new_tokens > 0) & (done.decode_s > 0) & (done.ar_decode_s > 0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = (done.ar_decode_s / done.ar_new_tokens) / (done.decode_s / done.new_tokens)
-    done["speedup_pooled_turn"] = ratio.where(ok)
-    return done
-
-
 def context_curves(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0, n_resamples: int = DEFAULT_RESAMPLES,
                    max_bins: int = 6) -> pd.DataFrame:
     """τ and pooled speedup per (task, method, context bin), with the cell's n and trajectory-bootstrap CIs.
@@ -386,7 +232,7 @@ def context_curves(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0, n_re
     Extra column `context_median` (the median turn context in the cell) is where figures draw the point."""
     rows = []
     for task in list(dict.fromkeys(turns.task)):
-        task_turns = decoded(turns[turns.task == task])
+        task_turns = metrics.decoded(turns[turns.task == task])
         if task_turns.empty:
             continue
         edges = task_context_edges(task_turns.context_len, max_bins)
@@ -399,7 +245,7 @@ def context_curves(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0, n_re
             units = list(dict.fromkeys(trajectory_keys(cell_turns)))
             unit_of = trajectory_keys(cell_turns)
             cell_steps = steps[(steps.method == method) & (steps.task == task)]
-            cell_steps = cell_steps[counted(cell_steps)]
+            cell_steps = cell_steps[metrics.counted(cell_steps)]
             keyed = cell_turns.set_index(["run", "sample_id", "turn"]).bin
             step_bin = keyed.reindex(pd.MultiIndex.from_frame(cell_steps[["run", "sample_id", "turn"]])).to_numpy()
             has_bin = ~pd.isna(step_bin)
@@ -410,7 +256,7 @@ def context_curves(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0, n_re
                 u = trajectory_keys(cell_steps).map(unit_index).to_numpy()
                 np.add.at(tau_units, (u, step_bin, 0), (cell_steps.num_accepted + 1).to_numpy(float))
                 np.add.at(tau_units, (u, step_bin, 1), 1.0)
-            pairs = paired(cell_turns)
+            pairs = metrics.paired(cell_turns)
             sp_units = np.zeros((len(units), n_bins, 4))
             if len(pairs):
                 u = trajectory_keys(pairs).map(unit_index).to_numpy()
@@ -452,7 +298,7 @@ def cost_curves(steps: pd.DataFrame, turns: pd.DataFrame, max_bins: int = 6) -> 
     figures draw the bin) is the median context of all the task's steps in the bin, the same for every method."""
     rows = []
     for task in list(dict.fromkeys(turns.task)):
-        task_turns = decoded(turns[turns.task == task])
+        task_turns = metrics.decoded(turns[turns.task == task])
         task_steps = steps[steps.task == task]
         if task_turns.empty or task_steps.empty:
             continue

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from evalsuite import conventions, metrics
 from evalsuite.report import stats
-from evalsuite.runner import BASELINE
+from evalsuite.conventions import BASELINE
 
 @dataclass
 class Cell:
@@ -261,7 +262,7 @@ def headline_tables(summary: pd.DataFrame, methods: list[str], tasks: list[str])
         turns_of = {t: int(block[block.task == t].turns.max()) for t in block_tasks}
         groups = [("", 1)] + [(f"{t} (n={common_n[t]}, {turns_of[t]} turns)", 2) for t in block_tasks] + \
                  [("Mean", 2)]
-        notes = [stats.TAU_CONVENTION, stats.SPEEDUP_CONVENTION, stats.CI_CONVENTION,
+        notes = [conventions.TAU, conventions.SPEEDUP, stats.CI_CONVENTION,
                  "n = trajectories (sampled tasks / conversations) per cell, as in each task's header unless the "
                  "cell says otherwise", BOLD_NOTE,
                  "Mean = unweighted mean over the tasks of this block (no interval; blank when a method lacks a task)",
@@ -288,7 +289,7 @@ def baseline_table(summary: pd.DataFrame, turns: pd.DataFrame, tasks: list[str])
         if cells.empty:
             continue
         ms = float(cells.ar_ms_per_token.iloc[0])
-        ar = stats.decoded(turns[(turns.task == task) & (turns.method == BASELINE)])
+        ar = metrics.decoded(turns[(turns.task == task) & (turns.method == BASELINE)])
         source = f"`{BASELINE}` runs" if not ar.empty else "paired AR decodes"
         n_traj = int(ar.sample_id.nunique()) if not ar.empty else int(cells.trajectories.max())
         n_turns = len(ar) if not ar.empty else int(cells.turns.max())
@@ -323,7 +324,7 @@ def summary_table(summary: pd.DataFrame) -> Table:
                      Cell(r.ar_ms_per_token, digits=1), Cell(differs)])
     notes = ["differs from ar = decoded turns whose output tokens differ from the `ar` output of the same task, "
              "sample and turn, out of those compared; only at T = 0, where a lossless method must reproduce `ar` "
-             "(– where it does not apply)", stats.TAU_CONVENTION, stats.SPEEDUP_CONVENTION, stats.CI_CONVENTION]
+             "(– where it does not apply)", conventions.TAU, conventions.SPEEDUP, stats.CI_CONVENTION]
     if any(r.trajectories < stats.MIN_TRAJECTORIES for r in summary.itertuples()):
         notes.insert(0, FEW_NOTE)
     return Table("summary", "Summary: every task × method",
@@ -341,7 +342,7 @@ def context_table(curves: pd.DataFrame) -> Table | None:
         rows.append([Cell(r.task), Cell(r.method), Cell(f"{r.context_lo:,}–{r.context_hi:,}"), Cell(n),
                      Cell(int(r.n_turns)), Cell(int(r.n_steps)), Cell(r.tau, r.tau_lo, r.tau_hi, n),
                      Cell(r.speedup, r.speedup_lo, r.speedup_hi, n)])
-    notes = [stats.CONTEXT_CONVENTION, stats.TAU_CONVENTION, stats.SPEEDUP_CONVENTION, stats.CI_CONVENTION]
+    notes = [stats.CONTEXT_CONVENTION, conventions.TAU, conventions.SPEEDUP, stats.CI_CONVENTION]
     if (curves.n_trajectories < stats.MIN_TRAJECTORIES).any():
         notes.insert(0, FEW_NOTE)
     return Table("speedup_vs_context", "τ and speedup against context, within each task",
@@ -396,7 +397,7 @@ def results_table(summary: pd.DataFrame) -> Table:
                      Cell(r.tau, r.tau_ci_low, r.tau_ci_high, int(r.trajectories)), Cell(r.tau_turn_macro),
                      Cell(int(r.paired_turns)),
                      Cell(r.speedup, r.speedup_ci_low, r.speedup_ci_high, int(r.trajectories))])
-    notes = ([FEW_NOTE] if (summary.trajectories < stats.MIN_TRAJECTORIES).any() else []) + [stats.TAU_CONVENTION, stats.SPEEDUP_CONVENTION, stats.CI_CONVENTION, stats.SKIPPED_CONVENTION,
+    notes = ([FEW_NOTE] if (summary.trajectories < stats.MIN_TRAJECTORIES).any() else []) + [conventions.TAU, conventions.SPEEDUP, stats.CI_CONVENTION, stats.SKIPPED_CONVENTION,
              "T = sampling temperature; turns = decoded turns; paired turns = those with an AR measurement"]
     return Table("all_results", "All results: every method × task, with counts", header, rows, notes, summary)
 
@@ -409,7 +410,7 @@ def position_table(steps: pd.DataFrame, methods: list[str]) -> Table | None:
     k = int(steps[steps.method.isin(methods)].num_drafted.max())
     rows, records = [], []
     for method in methods:
-        table = stats.per_position(steps[steps.method == method], max_position=k)
+        table = metrics.per_position(steps[steps.method == method], max_position=k)
         rows.append([Cell(method)] +
                     [Cell(v, digits=2, count=int(n)) if n else Cell(None) for v, n in zip(table.conditional,
                                                                                         table.reached)] +
@@ -417,7 +418,7 @@ def position_table(steps: pd.DataFrame, methods: list[str]) -> Table | None:
                                                                                         table.drafted)])
         records += [{"method": method, **row} for row in table.to_dict("records")]
     positions = [str(j) for j in range(1, k + 1)]
-    notes = [stats.POSITION_CONVENTION, "steps pooled over every task in this report",
+    notes = [conventions.POSITION, "steps pooled over every task in this report",
              "n = the steps behind each rate (conditional: steps that reached position j; marginal: steps that "
              "drafted at least j tokens); – = a position never reached, so it has no rate (not 0)",
              "the CSV holds the counts behind each rate (drafted, reached, accepted)"]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from evalsuite.bundled import bundled_path, require_bundled
+from evalsuite.catalog import suggest
 from evalsuite.errors import UserError
 
 DATA_DIR = bundled_path("data")
@@ -83,7 +84,7 @@ def get_task(name: str) -> TaskInfo:
     import evalsuite.tasks  # noqa: F401  (registers every adapter)
 
     if name not in TASKS:
-        raise UserError(f"unknown task '{name}'; choose from: {', '.join(sorted(TASKS))}")
+        raise UserError(f"unknown task '{name}'{suggest(name, TASKS)}; choose from: {', '.join(sorted(TASKS))}")
     return TASKS[name]
 
 

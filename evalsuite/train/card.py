@@ -111,7 +111,7 @@ def write_model_card(out_dir: Path, report: dict, config: dict) -> Path:
 
 
 def attach_evaluations(drafter_dir: Path, run_dirs: list[Path]) -> Path:
-    from evalsuite.report_summary import summary_rows
+    from evalsuite.report.summary import summary_rows
 
     drafter_dir = Path(drafter_dir)
     report = json.loads((drafter_dir / REPORT).read_text())

@@ -25,7 +25,7 @@ import json
 import random
 import re
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -60,10 +60,6 @@ class Conversation:
         if self.payload:
             return json.loads(self.payload)
         return [{"role": role, "content": content} for role, content in self.messages]
-
-    @property
-    def user_texts(self) -> list[str]:
-        return [content for role, content in self.messages if role == "user"]
 
 
 @dataclass(frozen=True)
@@ -152,7 +148,7 @@ def load_jsonl_conversations(path: Path) -> list[tuple[str, list[tuple[str, str]
 
 def message_text(message: dict) -> str:
     """A message's text for filtering and held-out checks: its content plus its tool calls as text."""
-    from evalsuite.chat_format import render_tool_call
+    from evalsuite.chat import render_tool_call
 
     content = message.get("content")
     parts = [content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)] if content else []
@@ -432,7 +428,3 @@ def select_prompts(sources: list[str], heldout: HeldOut, options: PromptOptions)
         raise UserError("no training prompts left after filtering; add --data sources")
     stats["sources"] = mixture.describe_sources(specs)
     return PromptSet(chosen, stats)
-
-
-def stats_json(obj) -> str:
-    return json.dumps(asdict(obj) if hasattr(obj, "__dataclass_fields__") else obj, indent=1, sort_keys=True)

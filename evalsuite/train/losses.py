@@ -41,12 +41,6 @@ def weighted_ce(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tenso
     return _weighted_mean(per.view(labels.shape), weights)
 
 
-def soft_ce(logits: torch.Tensor, target_probs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """-Σ p_target log q: EAGLE-3's loss against the target distribution (= forward KL + target entropy)."""
-    per = -(target_probs * F.log_softmax(logits.float(), dim=-1)).sum(-1)
-    return _weighted_mean(per, weights)
-
-
 def forward_kl(teacher_logits: torch.Tensor, student_logits: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """KL(p_teacher ‖ p_student), weighted mean over the leading dims; the teacher gets no gradient."""
     log_p = F.log_softmax(teacher_logits.detach().float(), dim=-1)
@@ -58,10 +52,6 @@ def forward_kl(teacher_logits: torch.Tensor, student_logits: torch.Tensor, weigh
 def total_variation(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """½‖p − q‖₁ over the last dim, per position."""
     return 0.5 * (p - q).abs().sum(-1)
-
-
-def weighted_tv(target_probs: torch.Tensor, draft_logits: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    return _weighted_mean(total_variation(target_probs, torch.softmax(draft_logits.float(), dim=-1)), weights)
 
 
 def confidence_bce(confidence_logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

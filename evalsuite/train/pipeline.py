@@ -23,7 +23,8 @@ from typing import Callable
 import torch
 
 from evalsuite.errors import UserError
-from evalsuite.target import TargetModel, cache_root, file_sha256, weights_hash
+from evalsuite.hashing import file_sha256
+from evalsuite.target import TargetModel, cache_root, weights_hash
 from evalsuite.train import data as data_mod
 from evalsuite.train.features import FeatureCache, FeatureSpec, build_features
 from evalsuite.train.generate import GenerationOptions, logged_replies, read_sequences, regenerate

@@ -1,42 +1,18 @@
 """The decode loop: draft k → verify once → accept the longest agreeing prefix plus a bonus token → roll back.
 
-`ar` is the same loop with a drafter that proposes nothing, so the baseline and every method are timed
-by identical code. The loop knows nothing about which drafter it drives.
+
+
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
-from evalsuite.methods.base import Drafter, Proposal, Sampling
-from evalsuite.sampling import accept_greedy, accept_rejection, sample_from, target_probs
+from evalsuite.methods.base import Method, Proposal, Sampling
+from evalsuite.records import Step, TurnResult
+from evalsuite.engines.acceptance import accept_greedy, accept_rejection, sample_from, target_probs
 from evalsuite.target import TargetModel
 from evalsuite.timing import DeviceClock
-
-
-@dataclass
-class StepInfo:
-    context_len: int
-    num_drafted: int
-    num_accepted: int
-    emitted: int
-    draft_s: float
-    verify_s: float
-    step_s: float
-    draft_state_bytes: int
-    draft_history_bytes: int
-    budget_limited: bool = False  # the token budget (or the window) left no room to draft: a plain one-token step
-
-
-@dataclass
-class TurnResult:
-    output_ids: list[int]
-    steps: list[StepInfo] = field(default_factory=list)
-    draft_prefill_s: float = 0.0
-    decode_s: float = 0.0  # draft start-of-turn work + every step, i.e. everything after the target prefill
-    stop_reason: str = "max_new_tokens"
 
 
 def first_token(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
@@ -48,7 +24,7 @@ def first_token(logits: torch.Tensor, sampling: Sampling, generator: torch.Gener
 
 def decode_turn(
     target: TargetModel,
-    drafter: Drafter,
+    method: Method,
     cache,
     context_ids: torch.Tensor,
     context_features: torch.Tensor | None,
@@ -63,16 +39,16 @@ def decode_turn(
 
     The cache is left longer than the context; the caller crops it back."""
     stop_ids = target.stop_ids
-    layers = drafter.feature_layers
+    layers = method.feature_layers
     context_len = context_ids.numel()
     token_limit = min(max_new_tokens, target.max_context - context_len)
 
     no_drafts = context_ids.new_empty(0)
-    target.reserve(cache, context_len + token_limit + k + 1)  # untimed: no verify step pays for cache growth
+    cache.reserve(context_len + token_limit + k + 1)  # untimed: no verify step pays for cache growth
     t0 = clock.mark()
     anchor = first_token(prefill_logits, sampling, generator)
     out = [anchor]
-    drafter.start_turn(torch.cat([context_ids, context_ids.new_tensor([anchor])]), context_features)
+    method.start_turn(torch.cat([context_ids, context_ids.new_tensor([anchor])]), context_features)
     started = clock.mark()
     result = TurnResult(output_ids=out)
     marks = []  # per step: (start, draft end, verify end, commit start, commit end, end), read after the turn
@@ -82,8 +58,8 @@ def decode_turn(
     while result.stop_reason == "max_new_tokens" and len(out) < token_limit:
         step_start = clock.mark()
         room = max(min(k, token_limit - len(out) - 1, target.max_context - (context_len + len(out)) - 1), 0)
-        # with no room left (last token of the budget) the step is a plain AR step; drafters never see k=0
-        proposal = drafter.propose(room, sampling, generator) if room else Proposal(no_drafts)
+        # with no room left (last token of the budget) the step is a plain AR step; methods never see k=0
+        proposal = method.propose(room, sampling, generator) if room else Proposal(no_drafts)
         drafts = proposal.tokens[:room]
         draft_end = clock.mark()
 
@@ -96,10 +72,10 @@ def decode_turn(
             probs = proposal.probs[: drafts.numel()] if proposal.probs is not None else None
             accepted, bonus = accept_rejection(drafts, probs, verified.logits, sampling, generator)
         kv_len = context_len + len(out) - 1  # KV length before this step: everything but the anchor
-        target.crop(cache, kv_len + 1 + accepted)  # keep the anchor and the accepted drafts
+        cache.crop_to(kv_len + 1 + accepted)  # keep the anchor and the accepted drafts
         new_ids = drafts[:accepted].tolist() + [bonus]
         commit_start = clock.mark()
-        drafter.commit(block.new_tensor(new_ids), None if verified.hidden is None else verified.hidden[: accepted + 1])
+        method.commit(block.new_tensor(new_ids), None if verified.hidden is None else verified.hidden[: accepted + 1])
         commit_end = clock.mark()
 
         emitted = 0
@@ -111,9 +87,9 @@ def decode_turn(
                 break
         counted = min(accepted, emitted)  # drafts accepted after an accepted EOS draft are not counted
         anchor = out[-1]
-        state = drafter.state_bytes()
+        state = method.state_bytes()
         marks.append((step_start, draft_end, verify_end, commit_start, commit_end, clock.mark()))
-        result.steps.append(StepInfo(
+        result.steps.append(Step(
             context_len=kv_len, num_drafted=drafts.numel(), num_accepted=counted, emitted=emitted,
             draft_s=0.0, verify_s=0.0, step_s=0.0, draft_state_bytes=state.total, draft_history_bytes=state.history,
             budget_limited=room == 0,

@@ -1,22 +1,22 @@
-"""The end-of-run summary: one row per method, computed from the stored tables (a pure function of them).
+"""The end-of-run summary: one row per method (`ar` included), a pure function of the stored tables.
 
-Every measure comes from `evalsuite.report.stats`, so the summary and `evalsuite report` define τ and speedup
-in one place."""
+τ and speedup come from `evalsuite.metrics`, as in `evalsuite report`, `compare` and the runner."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from evalsuite.records import load_steps, load_turns
+from evalsuite import metrics
 from evalsuite.report import stats
+from evalsuite.store import read_run
 
 
 def summary_rows(run_dir: str | Path) -> list[dict]:
-    steps = load_steps(run_dir)
-    turns = load_turns(run_dir)
+    tables = read_run(run_dir)
+    steps, turns = tables.steps, tables.turns
     rows = []
     for method, group in turns.groupby("method", sort=False):
-        decoded = stats.decoded(group)
+        decoded = metrics.decoded(group)
         method_steps = steps[steps.method == method]
         cost = stats.cost(method_steps)
         tokens = int(decoded.new_tokens.sum())
@@ -26,12 +26,12 @@ def summary_rows(run_dir: str | Path) -> list[dict]:
             "samples": decoded.sample_id.nunique(),
             "turns": len(decoded),
             "skipped": len(group) - len(decoded),
-            "tau": stats.tau(method_steps),
-            "tau_turn_mean": stats.tau_turn_macro(method_steps),
+            "tau": metrics.tau(method_steps),
+            "tau_turn_mean": metrics.tau_turn_macro(method_steps),
             "tokens": tokens,
             "tok/s": tokens / decode_s if decode_s else float("nan"),
             "draft ms/step": cost.draft_ms,
             "verify ms/step": cost.verify_ms,
-            "speedup": stats.speedup(group),
+            "speedup": metrics.speedup(group),
         })
     return rows

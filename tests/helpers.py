@@ -1,5 +1,6 @@
-"""Test support for the block drafters (DLite, DFlash, DSpark): synthetic released-format checkpoints, a decode
-helper, and the draft-cache rebuild check.
+"""Shared test helpers, in one module: synthetic released-format checkpoints of the block drafters (DLite, DFlash,
+DSpark), one-turn decoding with test methods (random, oracle), the draft-cache rebuild check, hand-built run
+directories with known values for the report, and reading a run's tables.
 
 The synthetic checkpoints spell out the released config.json keys and safetensors key names and shapes
 independently of the implementation (methods.md §1.2, §3.2, §4.2), scaled down to the tiny targets. Weights are
@@ -12,15 +13,19 @@ import copy
 import json
 from pathlib import Path
 
+import pandas as pd
 import torch
 from safetensors.torch import save_file
 
-from evalsuite.engine import decode_turn
-from evalsuite.methods.base import Drafter, Sampling
-from evalsuite.runner import PrefixCache
+from evalsuite.engines.hf import PrefixCache
+from evalsuite.engines.loop import decode_turn
+from evalsuite.methods.base import Method, Proposal, Sampling
+from evalsuite.records import StepRecord, TurnRecord
+from evalsuite.store import RunStore, read_run
+from evalsuite.target import TargetModel
 from evalsuite.timing import DeviceClock
 
-# Drafter layer sizes deliberately unlike the tiny target's (4 heads / 2 KV / head_dim 16): the drafter's
+# Method layer sizes deliberately unlike the tiny target's (4 heads / 2 KV / head_dim 16): the drafter's
 # attention shape must come from its own config.
 HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE, LAYERS = 2, 1, 24, 96, 2
 
@@ -131,15 +136,6 @@ def dlite_checkpoint(directory, target, layer_ids=(0, 1, 2, 3), anchor_group_siz
     return write_checkpoint(directory, config, shapes)
 
 
-def decode(target, drafter: Drafter, prompt: list[int], max_new: int, k: int, sampling: Sampling = Sampling(),
-           seed: int = 0):
-    prefix = PrefixCache(target, drafter.feature_layers)
-    prefix.prefill(prompt)
-    return decode_turn(target, drafter, prefix.cache, torch.tensor(prompt), prefix.features_for(drafter.feature_layers),
-                       prefix.last_logits, k, sampling, max_new, torch.Generator().manual_seed(seed),
-                       DeviceClock(target.device))
-
-
 PROMPT = [1, 40, 41, 42, 43, 40, 41, 42, 100, 7, 7, 9, 100, 7, 55, 56, 57, 58, 200, 201]
 
 
@@ -199,3 +195,120 @@ def scripted_commits(drafter, steps: list[int], hidden_size: int, seed: int = 0)
         fresh.start_turn(ids[: n + 1], features[:n])
         torch.testing.assert_close(incremental, fresh.block_outputs(), rtol=1e-4, atol=1e-4)
         assert drafter.cache.length == n
+
+
+# ---- one-turn decoding with test methods ------------------------------------------------------------------------
+class RandomMethod(Method):
+    """A deliberately bad drafter: uniform random tokens, with their true (uniform) proposal distribution."""
+
+    name = "random"
+
+    def __init__(self, vocab_size: int, seed: int = 123):
+        self.vocab_size = vocab_size
+        self.rng = torch.Generator().manual_seed(seed)
+
+    def propose(self, k, sampling, generator):
+        tokens = torch.randint(0, self.vocab_size, (k,), generator=self.rng)
+        probs = torch.full((k, self.vocab_size), 1.0 / self.vocab_size)
+        return Proposal(tokens=tokens, probs=probs)
+
+
+class OracleMethod(Method):
+    """Proposes a fixed future token sequence: lets a test choose exactly where rejections happen."""
+
+    name = "oracle"
+
+    def __init__(self, future: list[int]):
+        self.future = future
+        self.position = 0
+
+    def start_turn(self, ids, features):
+        self.position = 1  # the anchor is future[0]
+
+    def propose(self, k, sampling, generator):
+        return Proposal(tokens=torch.tensor(self.future[self.position: self.position + k], dtype=torch.long))
+
+    def commit(self, new_ids, new_features):
+        self.position += new_ids.numel()
+
+
+def decode(target: TargetModel, drafter: Method, prompt: list[int], max_new: int, k: int = 4,
+           sampling: Sampling = Sampling(), seed: int = 0):
+    prefix = PrefixCache(target, drafter.feature_layers)
+    prefix.prefill(prompt)
+    context = torch.tensor(prompt, dtype=torch.long)
+    return decode_turn(target, drafter, prefix.cache, context, prefix.features_for(drafter.feature_layers),
+                       prefix.last_logits, k, sampling, max_new, torch.Generator().manual_seed(seed),
+                       DeviceClock(target.device))
+
+
+PROMPTS = [[1, 40, 41, 42, 43, 40, 41, 42], [1, 100, 7, 7, 7, 7, 9, 100, 7], list(range(4, 60))]
+
+
+# ---- hand-built runs with known values (the report's tests) ---------------------------------------------------------
+BASE_CONFIG = {"target_sha256": "t" * 64, "chat_template_sha256": "c" * 16, "enable_thinking": False,
+               "temperature": 0.0, "top_p": 1.0, "top_k": 0, "k": 3, "max_new_tokens": 64, "seed": 0,
+               "replay": "free", "context_policy": "stop", "dtype": "float32", "drafter_sha256": {},
+               "target_name": "HuggingFaceTB/SmolLM2-135M-Instruct (test)", "environment": {"versions": {}}}
+
+
+def turn(steps, decode_s=1.0, new_tokens=10, ar_decode_s=2.0, ar_new_tokens=10, stop_reason="eos",
+         context_len=100, output_ids=(1, 2, 3)):
+    """One turn: `steps` as (num_drafted, num_accepted) pairs."""
+    return {"steps": steps, "decode_s": decode_s, "new_tokens": new_tokens, "ar_decode_s": ar_decode_s,
+            "ar_new_tokens": ar_new_tokens, "stop_reason": stop_reason, "context_len": context_len,
+            "output_ids": list(output_ids)}
+
+
+def skipped_turn(context_len=5000):
+    return turn([], 0.0, 0, 0.0, 0, stop_reason="skipped", context_len=context_len)
+
+
+def write_run(directory: Path, task: str, methods: dict[str, dict[str, list[dict]]], **config) -> Path:
+    """methods: method → sample_id → list of turns (see `turn`)."""
+    store = RunStore(directory)
+    store.prepare()
+    for method, samples in methods.items():
+        for sample_id, turns in samples.items():
+            step_records, turn_records = [], []
+            for index, t in enumerate(turns):
+                context = t["context_len"]
+                for i, (drafted, accepted) in enumerate(t["steps"]):
+                    step_records.append(StepRecord(
+                        run_id=directory.name, method=method, task=task, sample_id=sample_id, turn=index, step=i,
+                        context_len=context, num_drafted=drafted, num_accepted=accepted,
+                        accept_flags=[j < accepted for j in range(drafted)], emitted=accepted + 1,
+                        draft_s=0.001 * (i + 1), verify_s=0.01, step_s=0.012, draft_state_bytes=context * 8,
+                        draft_history_bytes=context * 8))
+                    context += accepted + 1
+                turn_records.append(TurnRecord(
+                    run_id=directory.name, method=method, task=task, sample_id=sample_id, turn=index, replay="free",
+                    context_len=t["context_len"], prompt_tokens=t["context_len"], prefill_tokens=t["context_len"],
+                    new_tokens=t["new_tokens"], num_steps=len(t["steps"]), prefill_s=0.1, draft_prefill_s=0.0,
+                    decode_s=t["decode_s"], tau=float("nan"), ar_decode_s=t["ar_decode_s"],
+                    ar_new_tokens=t["ar_new_tokens"], speedup_turn=float("nan"), stop_reason=t["stop_reason"],
+                    skip_reason="too long" if t["stop_reason"] == "skipped" else "", dropped_tokens=0,
+                    output_ids=t["output_ids"]))
+            turn_records[-1].last = True
+            for index, record in enumerate(turn_records):
+                store.write_turn(sample_id, index, [s for s in step_records if s.turn == index], [record])
+    store.write_config({**BASE_CONFIG, "task": task, "methods": list(methods), "run_id": directory.name,
+                        "sample_ids": sorted({s for samples in methods.values() for s in samples}), **config})
+    return directory
+
+
+# alpha on gsm8k: steps (drafted, accepted); the (2, 1) step drafted only 2 of k=3 tokens.
+ALPHA_GSM8K = {
+    "s1": [turn([(3, 3), (3, 0), (2, 1)], decode_s=1.0, new_tokens=10, ar_decode_s=2.0, ar_new_tokens=10),
+           turn([(3, 2)], decode_s=1.0, new_tokens=5, ar_decode_s=1.0, ar_new_tokens=5)],
+    "s2": [turn([(3, 1), (0, 0)], decode_s=1.5, new_tokens=10, ar_decode_s=3.0, ar_new_tokens=10),
+           skipped_turn()],
+}
+
+
+def load_steps(run_dir) -> pd.DataFrame:
+    return read_run(run_dir).steps
+
+
+def load_turns(run_dir) -> pd.DataFrame:
+    return read_run(run_dir).turns

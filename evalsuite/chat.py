@@ -1,4 +1,7 @@
-"""Fit OpenAI-style messages (tool schemas, tool calls, tool results) to the target's chat template.
+"""The target's side of the conversation without its weights: `ChatTokenizer` (tokenizer, chat template, window and
+stop tokens; what the runner renders contexts with, for every engine), and `fit_to_template`.
+
+`fit_to_template` fits OpenAI-style messages (tool schemas, tool calls, tool results) to the target's chat template.
 
 A template with its own tool support (Qwen3, Llama 3.1, …) receives them unchanged and renders them its way.
 A template without it (SmolLM2's plain ChatML ignores `tools` and cannot print `tool_calls`) gets a text
@@ -13,6 +16,10 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
+
+from evalsuite.errors import UserError
+from evalsuite.hashing import text_hash
 
 _TOOL_ROLE = re.compile(r"""['"]tool['"]""")
 
@@ -57,3 +64,46 @@ def fit_to_template(messages: list[dict], tools: list[dict] | None,
             out.insert(0, {"role": "system", "content": block})
         tools = None
     return out, tools
+
+
+@dataclass
+class ChatTokenizer:
+    """What rendering and replay need from a target: its tokenizer and chat template, its window and stop ids."""
+
+    tokenizer: object  # a transformers tokenizer
+    name: str
+    model_dir: str
+    max_context: int
+    vocab_size: int
+    stop_ids: frozenset[int]
+
+    @property
+    def chat_template(self) -> str | None:
+        return getattr(self.tokenizer, "chat_template", None)
+
+    def render(self, messages: list[dict], tools: list[dict] | None = None, enable_thinking: bool = False
+               ) -> list[int]:
+        """A conversation up to the assistant's turn, through the tokenizer's own template; tools and tool messages
+        fall back to text where the template has no support for them."""
+        from jinja2 import TemplateError
+
+        if not self.chat_template:
+            raise UserError(f"target {self.name} has no chat template; use prompt_ids records (--task custom)")
+        messages, tools = fit_to_template(messages, tools, self.chat_template)
+        kwargs = {"add_generation_prompt": True, "enable_thinking": enable_thinking}
+        if tools:
+            kwargs["tools"] = tools
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+        except TemplateError as err:
+            raise UserError(f"target {self.name}: its chat template cannot render this conversation ({err}); try "
+                            "--task custom with prompt_ids") from err
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def hashes(self) -> dict:
+        """What run.json records about the tokenizer and template (drift fields)."""
+        return {"chat_template_sha256": text_hash(self.chat_template),
+                "tokenizer_sha256": text_hash(json.dumps(self.tokenizer.get_vocab(), sort_keys=True))}

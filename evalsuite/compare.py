@@ -6,18 +6,21 @@ the paired speedup on each engine, and whether each engine's method output equal
 and the common prefix) gives the top-2 logit margin at that position: below `near_tie` it is a near-tie,
 a numerics difference between kernels rather than a bug.
 
-The frames are pure functions of the stored tables; only `divergence_margins` loads the target.
+The frames are pure functions of the stored tables (read with `store.read_run`, measured with `metrics`); only
+`divergence_margins` loads the target.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
+from evalsuite import metrics
+from evalsuite.conventions import SKIPPED, SPEEDUP, TAU
 from evalsuite.errors import UserError
-from evalsuite.records import load_turns
+from evalsuite.store import RunTables, read_run
 
 KEYS = ["method", "sample_id", "turn"]
 NEAR_TIE = 0.1  # logits: a top-2 margin below this at T=0 is a near-tie
@@ -32,23 +35,16 @@ def first_divergence(a, b) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def _lossless_vs_ar(turns: pd.DataFrame) -> pd.Series:
-    ar = {(r.sample_id, r.turn): list(r.output_ids) for r in turns[turns.method == "ar"].itertuples()}
-    return pd.Series([None if (r.sample_id, r.turn) not in ar or r.stop_reason == "skipped"
-                      else list(r.output_ids) == ar[(r.sample_id, r.turn)] for r in turns.itertuples()],
-                     index=turns.index, dtype="object")
-
-
 def compare_turns(turns_a: pd.DataFrame, turns_b: pd.DataFrame, label_a: str = "a", label_b: str = "b") -> pd.DataFrame:
     """One row per turn both runs decoded, columns suffixed by the engine labels."""
     frames = []
     for turns, label in ((turns_a, label_a), (turns_b, label_b)):
-        t = turns.copy().rename(columns={"speedup_turn": "speedup"})  # the per-turn column (runs before 13.6: speedup)
-        t["equal_to_ar"] = _lossless_vs_ar(t)
+        t = turns.copy().rename(columns={"speedup_turn": "speedup"})
+        t["equal_to_ar"] = metrics.same_as_baseline(t)
         t = t[KEYS + ["output_ids", "tau", "speedup", "new_tokens", "stop_reason", "equal_to_ar", "replay"]]
         frames.append(t.rename(columns={c: f"{c}_{label}" for c in t.columns if c not in KEYS}))
     both = frames[0].merge(frames[1], on=KEYS, how="inner")
-    both = both[(both[f"stop_reason_{label_a}"] != "skipped") & (both[f"stop_reason_{label_b}"] != "skipped")]
+    both = both[(both[f"stop_reason_{label_a}"] != SKIPPED) & (both[f"stop_reason_{label_b}"] != SKIPPED)]
     divergence = [first_divergence(x, y) for x, y in zip(both[f"output_ids_{label_a}"], both[f"output_ids_{label_b}"])]
     both["equal_ids"] = [d is None for d in divergence]
     both["first_divergence"] = pd.array(divergence, dtype="Int64")
@@ -63,19 +59,29 @@ def compare_turns(turns_a: pd.DataFrame, turns_b: pd.DataFrame, label_a: str = "
     return both.sort_values(KEYS).reset_index(drop=True)
 
 
-def engines_side_by_side(turns_a: pd.DataFrame, turns_b: pd.DataFrame, label_a: str, label_b: str) -> pd.DataFrame:
-    """Per method: equal turns, τ (mean over turns, bonus included) and paired speedup (mean over turns) on
-    each engine, as columns (for the report)."""
-    both = compare_turns(turns_a, turns_b, label_a, label_b)
+def engines_side_by_side(run_a: RunTables, run_b: RunTables, label_a: str, label_b: str) -> pd.DataFrame:
+    """Per method, over the turns both engines decoded: equal turns, and τ (pooled over verify steps, bonus
+    included) and speedup (paired within each engine, pooled over turns) on each engine, as columns."""
+    both = compare_turns(run_a.turns, run_b.turns, label_a, label_b)
     rows = []
     for method, g in both.groupby("method", sort=False):
-        rows.append({"method": method, "turns": len(g), "equal ids": f"{int(g.equal_ids.sum())}/{len(g)}",
-                     f"tau {label_a}": g[f"tau_{label_a}"].mean(), f"tau {label_b}": g[f"tau_{label_b}"].mean(),
-                     f"speedup {label_a}": g[f"speedup_{label_a}"].mean(),
-                     f"speedup {label_b}": g[f"speedup_{label_b}"].mean(),
-                     f"lossless vs ar {label_a}": _share(g[f"equal_to_ar_{label_a}"]),
-                     f"lossless vs ar {label_b}": _share(g[f"equal_to_ar_{label_b}"])})
-    return pd.DataFrame(rows)
+        row = {"method": method, "turns": len(g), "equal ids": f"{int(g.equal_ids.sum())}/{len(g)}"}
+        shared = set(zip(g.sample_id, g.turn))
+        for label, run in ((label_a, run_a), (label_b, run_b)):
+            turns = run.turns[(run.turns.method == method).to_numpy() & _among(run.turns, shared)]
+            steps = run.steps[(run.steps.method == method).to_numpy() & _among(run.steps, shared)]
+            row[f"tau {label}"] = metrics.tau(steps)
+            row[f"speedup {label}"] = metrics.speedup(turns)
+        for label in (label_a, label_b):
+            row[f"lossless vs ar {label}"] = _share(g[f"equal_to_ar_{label}"])
+        rows.append(row)
+    columns = ["method", "turns", "equal ids", f"tau {label_a}", f"tau {label_b}", f"speedup {label_a}",
+               f"speedup {label_b}", f"lossless vs ar {label_a}", f"lossless vs ar {label_b}"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _among(frame: pd.DataFrame, keys: set[tuple[str, int]]):
+    return np.array([k in keys for k in zip(frame.sample_id, frame.turn)], dtype=bool)
 
 
 def _share(flags: pd.Series) -> str:
@@ -83,55 +89,56 @@ def _share(flags: pd.Series) -> str:
     return f"{sum(known)}/{len(known)}" if known else "-"
 
 
-def run_label(run_dir: Path) -> str:
-    try:
-        return json.loads((Path(run_dir) / "run.json").read_text()).get("engine", "hf")
-    except (OSError, ValueError):
-        return "hf"
+def run_label(config: dict | None) -> str:
+    return (config or {}).get("engine", "hf")
 
 
-def load_pair(run_a: Path, run_b: Path) -> tuple[pd.DataFrame, pd.DataFrame, str, str]:
+def load_pair(run_a: Path, run_b: Path) -> tuple[RunTables, RunTables, str, str]:
+    """Both runs' tables, labelled by engine (and by directory when they share one)."""
+    tables = []
     for run in (run_a, run_b):
         if not (Path(run) / "turns.parquet").is_dir():
             raise UserError(f"{run}: not a run directory (no turns.parquet/)")
-    label_a, label_b = run_label(run_a), run_label(run_b)
+        tables.append(read_run(run))
+    label_a, label_b = run_label(tables[0].config), run_label(tables[1].config)
     if label_a == label_b:
         label_a, label_b = f"{label_a}:{Path(run_a).name}", f"{label_b}:{Path(run_b).name}"
-    return load_turns(run_a), load_turns(run_b), label_a, label_b
+    return tables[0], tables[1], label_a, label_b
 
 
-def turn_contexts(run_dir: Path, target, keys: set[tuple[str, str, int]]) -> dict[tuple[str, str, int], list[int]]:
-    """The token ids each (method, sample, turn) of a stored run saw, rebuilt as the runner built them (its
-    replay module, the target's template, the run's context policy; free replay continues from that run's
-    own stored output)."""
-    from evalsuite.config import RunConfig
+def turn_contexts(run_dir: Path, chat, keys: set[tuple[str, str, int]]) -> dict[tuple[str, str, int], list[int]]:
+    """The token ids each (method, sample, turn) of a stored run saw, rebuilt as the runner built them: the task's
+    trajectories, the run's replay mode and context policy, the target's template (`chat`, no weights needed), and
+    in free replay that run's own stored outputs (`MethodReplay.replay_stored`)."""
     from evalsuite.replay import MethodReplay, Window, make_policy
-    from evalsuite.runner import Runner
-    from evalsuite.tasks.base import LoadOptions
+    from evalsuite.tasks.base import LoadOptions, get_task, select_samples
 
-    config = json.loads((Path(run_dir) / "run.json").read_text())
-    fields = {k: config[k] for k in RunConfig.__dataclass_fields__ if k in config}
-    fields.update(resume=True, out=None, engine="hf")
-    runner = Runner(RunConfig(**fields), Path(run_dir))
-    runner.target = target
-    policy = make_policy(runner.config.context_policy,
-                         Window(target.max_context, runner.config.max_new_tokens, runner.config.k))
-    trajectories = {t.sample_id: t for t in runner.task.load(LoadOptions(
-        config.get("limit"), config.get("seed", 0), config.get("data_path"), config.get("subset")))}
-    turns = load_turns(run_dir).set_index(KEYS)
+    tables = read_run(run_dir)
+    config = tables.config or {}
+    task = get_task(config["task"])
+    trajectories = task.load(LoadOptions(config.get("limit"), config.get("seed", 0), config.get("data_path"),
+                                         config.get("subset")))
+    if config.get("sample_ids"):
+        trajectories = select_samples(trajectories, config["sample_ids"], config["task"])
+    by_id = {t.sample_id: t for t in trajectories}
+    replay_mode = config.get("replay") or task.default_replay
+    policy = make_policy(config.get("context_policy", "stop"),
+                         Window(chat.max_context, config.get("max_new_tokens", 256), config.get("k", 7)))
+    rows = {(r.method, r.sample_id, r.turn): r for r in tables.turns.itertuples(index=False)}
     found = {}
     for method, sample in sorted({(m, s) for m, s, _ in keys}):
-        trajectory = trajectories.get(sample)
+        trajectory = by_id.get(sample)
         if trajectory is None:
             continue
-        replay = MethodReplay(trajectory, runner.replay, policy,
-                              lambda messages, tools=trajectory.tools: runner._render(messages, tools))
-        for index in range(len(trajectory.turns[: runner.config.max_turns])):
-            context = replay.context(index)
-            found[(method, sample, index)] = context.ids
-            row = turns.loc[(method, sample, index)] if (method, sample, index) in turns.index else None
-            decoded = row is not None and row.stop_reason != "skipped"
-            replay.record_reply(index, target.decode(list(row.output_ids)) if decoded else None)
+        render = (lambda messages, tools=trajectory.tools:
+                  chat.render(messages, tools, bool(config.get("enable_thinking"))))
+        replay = MethodReplay(trajectory, replay_mode, policy, render, config.get("max_turns"))
+        index = 0
+        while replay.has_turn(index):
+            row = rows.get((method, sample, index))
+            text = chat.decode(list(row.output_ids)) if row is not None and row.stop_reason != SKIPPED else None
+            found[(method, sample, index)] = replay.replay_stored(index, text).ids
+            index += 1
     return found
 
 
@@ -148,7 +155,7 @@ def divergence_margins(both: pd.DataFrame, run_dir: Path, label_ref: str, target
     if todo.empty:
         return both
     target = TargetModel.load(target_spec, "cpu", None, "row-major")
-    contexts = turn_contexts(run_dir, target, set(zip(todo.method, todo.sample_id, todo.turn)))
+    contexts = turn_contexts(run_dir, target.chat, set(zip(todo.method, todo.sample_id, todo.turn)))
     for index, r in todo.iterrows():
         context = contexts.get((r.method, r.sample_id, r.turn))
         if context is None:
@@ -169,8 +176,8 @@ def engines_table(side: pd.DataFrame, label_a: str, label_b: str):
     from evalsuite.report.tables import Cell, Table
 
     rows = [[Cell(v, digits=3) if isinstance(v, float) else Cell(v) for v in r] for r in side.itertuples(index=False)]
-    notes = ["τ counts the bonus token (mean over turns); speedup is paired per turn within each engine: "
-             "(its ar decode s / tokens) / (its method decode s / tokens)",
+    notes = [TAU, "speedup is paired within each engine (its own ar) and pooled over the turns both engines decoded: "
+             + SPEEDUP,
              "equal ids: turns whose output ids are identical on both engines; lossless vs ar: turns whose method "
              "output equals that engine's own ar output (expected everywhere at T=0)"]
     return Table(name="engines", title=f"Engines side by side: {label_a} vs {label_b}", header=list(side.columns),

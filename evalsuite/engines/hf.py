@@ -1,0 +1,183 @@
+"""Our engine: the target in PyTorch through its Hugging Face code, every method, per-step times and draft memory.
+
+One target KV cache serves every method of a trajectory (`PrefixCache`): before a turn it is cropped to the
+longest common prefix with the new context and only the rest is prefilled, so methods that see the same context
+share one prefill and a growing agent context is prefilled incrementally. Each decode runs the loop of `loop.py`
+`--repeats` times from the same seed and keeps the median repeat.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass, field
+
+import torch
+
+from evalsuite.config import RunConfig
+from evalsuite.engines.base import Engine
+from evalsuite.engines.loop import decode_turn
+from evalsuite.errors import UserError
+from evalsuite.methods.base import Method, Sampling, common_prefix_len, get_method
+from evalsuite.records import TurnResult
+from evalsuite.target import TargetModel, cached_weights_hash
+from evalsuite.timing import DeviceClock
+
+
+@dataclass
+class PrefixCache:
+    """The target KV cache plus the token ids it holds and their features for the methods' layers."""
+
+    target: TargetModel
+    layer_ids: tuple[int, ...]
+    cache: object = None
+    ids: list[int] = field(default_factory=list)
+    features: torch.Tensor | None = None  # [n, len(layer_ids), H]
+    last_logits: torch.Tensor | None = None  # logits at the last cached position
+
+    def __post_init__(self):
+        self.cache = self.target.new_cache()
+
+    def prefill(self, ids: list[int]) -> int:
+        """Bring the cache to exactly `ids`; returns how many tokens were run through the target."""
+        common = common_prefix_len(torch.tensor(self.ids, dtype=torch.long), torch.tensor(ids, dtype=torch.long))
+        if common == len(ids) and common == len(self.ids) and self.last_logits is not None:
+            return 0
+        common = min(common, len(ids) - 1)  # the last token always runs, to produce fresh logits
+        self.cache.crop_to(common)
+        self.ids = self.ids[:common]
+        if self.features is not None:
+            self.features = self.features[:common]
+        fresh = torch.tensor(ids[common:], dtype=torch.long, device=self.target.device)
+        out = self.target.forward(fresh, self.cache, self.layer_ids, last_only=True)
+        self.ids = list(ids)
+        self.last_logits = out.logits
+        if out.hidden is not None:
+            self.features = out.hidden if self.features is None else torch.cat([self.features, out.hidden])
+        return fresh.numel()
+
+    def rewind(self) -> None:
+        """Drop whatever a decode appended beyond the cached context."""
+        self.cache.crop_to(len(self.ids))
+
+    def features_for(self, layers: tuple[int, ...]) -> torch.Tensor | None:
+        if not layers or self.features is None:
+            return None
+        index = [self.layer_ids.index(j) for j in layers]
+        return self.features[:, index]
+
+
+class HfEngine(Engine):
+    name = "hf"
+
+    def __init__(self, config: RunConfig):
+        self.config = config
+        self.sampling = Sampling(config.temperature, config.top_p, config.top_k)
+        self.target: TargetModel | None = None
+        self.methods: dict[str, Method] = {}
+        self.prefix: PrefixCache | None = None
+
+    def start(self, methods: list[str]) -> None:
+        cfg = self.config
+        if cfg.threads is not None:
+            torch.set_num_threads(cfg.threads)
+        self.target = TargetModel.load(cfg.target, cfg.device, cfg.dtype, cfg.weight_layout, cfg.kv_cache,
+                                       cfg.compile)
+        self.chat = self.target.chat
+        self.device_label = str(self.target.device)
+        self.clock = DeviceClock(self.target.device)
+        for name in methods:
+            options = dict(cfg.method_options.get(name, {}))
+            if name in cfg.drafters:
+                options["drafter"] = cfg.drafters[name]
+            method = get_method(name).factory(self.target, options)
+            self.target.check_layer_ids(method.feature_layers, f"method {name}")
+            self.methods[name] = method
+        self.layer_union = tuple(sorted({j for m in self.methods.values() for j in m.feature_layers}))
+
+    def begin_trajectory(self) -> None:
+        self.prefix = PrefixCache(self.target, self.layer_union)
+
+    def warm_up(self, ids: list[int]) -> None:
+        """One short decode per method, then a target forward of every verify block size the run can use
+        (1 … k+1) for each set of feature layers read."""
+        for method in self.methods.values():
+            prefix = PrefixCache(self.target, method.feature_layers)
+            prefix.prefill(ids)
+            self._loop(method, prefix, ids, 16, torch.Generator().manual_seed(0))
+            method.reset()  # the warm-up reply is not part of the run
+        for layers in sorted({m.feature_layers for m in self.methods.values()}):
+            prefix = PrefixCache(self.target, layers)
+            prefix.prefill(ids)
+            for size in range(1, self.config.k + 2):
+                block = torch.tensor(ids[:size] + ids[:1] * max(size - len(ids), 0), dtype=torch.long,
+                                     device=self.target.device)
+                self.target.forward(block, prefix.cache, layers)
+                prefix.rewind()
+
+    def decode(self, method: str, ids: list[int], seed: int) -> TurnResult:
+        """Prefill (timed apart), then the decode loop --repeats times from the same seed; the median repeat."""
+        if self.prefix is None:
+            self.begin_trajectory()
+        start = self.clock.mark()
+        prefill_tokens = self.prefix.prefill(ids)
+        prefill_s = self.clock.seconds(start, self.clock.mark())
+        results = []
+        for _ in range(self.config.repeats):
+            results.append(self._loop(self.methods[method], self.prefix, ids, self.config.max_new_tokens,
+                                      torch.Generator().manual_seed(seed)))
+            self.prefix.rewind()
+        result = median_repeat(results, f"method {method}")
+        result.prefill_tokens, result.prefill_s = prefill_tokens, prefill_s
+        return result
+
+    def _loop(self, method: Method, prefix: PrefixCache, ids: list[int], max_new_tokens: int,
+              generator: torch.Generator) -> TurnResult:
+        context = torch.tensor(ids, dtype=torch.long, device=self.target.device)
+        return decode_turn(self.target, method, prefix.cache, context, prefix.features_for(method.feature_layers),
+                           prefix.last_logits, self.config.k, self.sampling, max_new_tokens, generator, self.clock)
+
+    def describe(self) -> dict:
+        target = self.target
+        methods = {name: m.describe() for name, m in self.methods.items()}
+        return {
+            "dtype": str(target.dtype).removeprefix("torch."),
+            "weight_layout": target.weight_layout,
+            "target_name": target.name,
+            "target_path": target.model_dir,
+            "target_sha256": cached_weights_hash(target.model_dir),
+            "target_max_context": target.max_context,
+            **self.chat.hashes(),
+            "drafters": methods,
+            "drafter_sha256": {n: d.get("checkpoint_sha256") for n, d in methods.items()},
+            "threads": torch.get_num_threads(),
+            "device_facts": device_facts(target.device),
+        }
+
+
+def device_facts(device: torch.device) -> dict:
+    """The device's name and CUDA version, for run.json."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"cpu: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    return {"device_name": name, "cuda": torch.version.cuda}
+
+
+def median_repeat(results: list[TurnResult], what: str) -> TurnResult:
+    """The repeat whose decode loop took the median time (the lower middle one for an even count), with its steps.
+
+    The method's start-of-turn work is taken from the first repeat: later repeats find a prefix-reusing method's
+    cache already holding the context, so only the first pays what a real turn pays. Every repeat must have done
+    the same work (same output, same drafts accepted); anything else is an error, not a silently mixed record.
+    """
+    first = results[0]
+    work = [(s.num_drafted, s.num_accepted) for s in first.steps]
+    for other in results[1:]:
+        if other.output_ids != first.output_ids or [(s.num_drafted, s.num_accepted) for s in other.steps] != work:
+            raise UserError(f"--repeats {len(results)}: {what}: a repeat decoded differently from the first "
+                            "(nondeterministic kernels, or a method that learns from its own replies); "
+                            "use --repeats 1")
+    loop = sorted(results, key=lambda r: r.decode_s - r.draft_prefill_s)[(len(results) - 1) // 2]
+    loop.decode_s = loop.decode_s - loop.draft_prefill_s + first.draft_prefill_s
+    loop.draft_prefill_s = first.draft_prefill_s
+    return loop

@@ -1,0 +1,183 @@
+"""The one definition of each measure: τ, speedup, per-position acceptance, and pairing with the `ar` baseline.
+
+Used by the runner (each turn's τ and speedup_turn), the Ray progress bar, the CLI summary, `evalsuite compare`
+and the report, so every consumer gets the same numbers. The conventions' wording is in `evalsuite.conventions`.
+Pure numpy/pandas; frames are the steps/turns tables as the store reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Iterable, Mapping, TypeVar
+
+import numpy as np
+import pandas as pd
+
+from evalsuite.conventions import BASELINE, SKIPPED
+
+R = TypeVar("R")
+
+
+# ---- primitives ------------------------------------------------------------------------------------------------
+def tau_sums(num_accepted: Iterable[int], budget_limited: Iterable[bool]) -> tuple[float, int]:
+    """(sum of accepted + 1, number of steps) over the steps τ counts: not those the token budget (or the window)
+    left no room to draft."""
+    accepted = np.asarray(list(num_accepted) if not hasattr(num_accepted, "__len__") else num_accepted, float)
+    keep = ~np.asarray(list(budget_limited) if not hasattr(budget_limited, "__len__") else budget_limited, bool)
+    return float((accepted[keep] + 1).sum()), int(keep.sum())
+
+
+def tau_of(num_accepted: Iterable[int], budget_limited: Iterable[bool]) -> float:
+    """τ of a set of steps: the pooled ratio sum(accepted + 1) / steps, bonus included; NaN without a counted step."""
+    total, steps = tau_sums(num_accepted, budget_limited)
+    return total / steps if steps else float("nan")
+
+
+def speedup_ratio(ar_s, ar_tokens, method_s, method_tokens):
+    """(AR seconds / AR tokens) / (method seconds / method tokens); arrays broadcast; NaN where undefined."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = (np.asarray(ar_s, float) / np.asarray(ar_tokens, float)) / \
+                (np.asarray(method_s, float) / np.asarray(method_tokens, float))
+    ok = (np.asarray(ar_s, float) > 0) & (np.asarray(ar_tokens, float) > 0) & \
+         (np.asarray(method_s, float) > 0) & (np.asarray(method_tokens, float) > 0)
+    value = np.where(ok, value, np.nan)
+    return float(value) if np.ndim(value) == 0 else value
+
+
+def pair_turns(records: Mapping[str, R]) -> dict[str, R]:
+    """Each method's record of one turn paired with the baseline's decode of the same turn: `ar_decode_s`,
+    `ar_new_tokens` and `speedup_turn` set where both were decoded (records without a baseline are returned
+    as they are). Pure: returns new records."""
+    baseline = records.get(BASELINE)
+    if baseline is None or baseline.stop_reason == SKIPPED:
+        return dict(records)
+    paired_records = {}
+    for name, record in records.items():
+        if record.stop_reason == SKIPPED:
+            paired_records[name] = record
+            continue
+        paired_records[name] = replace(
+            record, ar_decode_s=baseline.decode_s, ar_new_tokens=baseline.new_tokens,
+            speedup_turn=speedup_ratio(baseline.decode_s, baseline.new_tokens, record.decode_s, record.new_tokens))
+    return paired_records
+
+
+# ---- over the stored tables ------------------------------------------------------------------------------------
+def counted(steps: pd.DataFrame) -> pd.Series:
+    """The steps τ counts (not `budget_limited`)."""
+    if "budget_limited" not in steps.columns:
+        return pd.Series(True, index=steps.index)
+    return ~steps.budget_limited.fillna(False).astype(bool)
+
+
+def tau(steps: pd.DataFrame) -> float:
+    """τ over the steps of a frame (any grouping): pooled, bonus included."""
+    return tau_of(steps.num_accepted.to_numpy(), (~counted(steps)).to_numpy())
+
+
+def tau_turn_macro(steps: pd.DataFrame) -> float:
+    """The per-turn macro average: τ of each (run, method, task, sample, turn), then their unweighted mean."""
+    steps = steps[counted(steps)]
+    if steps.empty:
+        return float("nan")
+    keys = [c for c in ("run", "method", "task", "sample_id", "turn") if c in steps.columns]
+    return float((steps.num_accepted + 1).groupby([steps[c] for c in keys]).mean().mean())
+
+
+def decoded(turns: pd.DataFrame) -> pd.DataFrame:
+    return turns[turns.stop_reason != SKIPPED]
+
+
+def paired(turns: pd.DataFrame) -> pd.DataFrame:
+    """Decoded turns with a paired AR measurement and tokens and time on both sides."""
+    ok = (turns.stop_reason != SKIPPED) & (turns.new_tokens > 0) & (turns.ar_new_tokens > 0) & \
+         (turns.decode_s > 0) & (turns.ar_decode_s > 0)
+    return turns[ok]
+
+
+SPEEDUP_COLUMNS = ["ar_decode_s", "ar_new_tokens", "decode_s", "new_tokens"]
+
+
+def speedup(turns: pd.DataFrame) -> float:
+    """Pooled over the paired turns: (Σ AR s / Σ AR tokens) / (Σ method s / Σ method tokens)."""
+    pairs = paired(turns)
+    if pairs.empty:
+        return float("nan")
+    return speedup_ratio(*(pairs[c].sum() for c in SPEEDUP_COLUMNS))
+
+
+def per_turn(steps: pd.DataFrame, turns: pd.DataFrame) -> pd.DataFrame:
+    """One row per decoded turn with its τ (from its steps) and its paired speedup (`speedup_turn` recomputed from
+    the stored seconds and tokens, so older runs read the same)."""
+    done = decoded(turns).copy()
+    keys = [k for k in ("run", "method", "task", "sample_id", "turn") if k in done.columns and k in steps.columns]
+    counted_steps = steps[counted(steps)]
+    grouped = (counted_steps.num_accepted + 1).groupby([counted_steps[k] for k in keys]).agg(["sum", "count"])
+    done = done.drop(columns=[c for c in ("tau", "steps") if c in done.columns]).join(grouped, on=keys)
+    done["tau"] = done["sum"] / done["count"]
+    done["steps"] = done["count"].fillna(0).astype(int)
+    done["speedup_turn"] = speedup_ratio(*(done[c].to_numpy(float) for c in SPEEDUP_COLUMNS)) if len(done) else []
+    return done.drop(columns=["sum", "count"])
+
+
+def per_position(steps: pd.DataFrame, max_position: int | None = None) -> pd.DataFrame:
+    """One row per draft position j = 1..K with the counts behind both rates:
+    drafted = steps that drafted >= j tokens; reached = those that also accepted 1..j-1; accepted = those that also
+    accepted j; conditional = accepted / reached, marginal = accepted / drafted."""
+    drafted_len = steps.num_drafted.to_numpy()
+    accepted_len = steps.num_accepted.to_numpy()
+    k = int(drafted_len.max()) if len(steps) else 0
+    k = k if max_position is None else max_position
+    rows = []
+    for j in range(1, k + 1):
+        drafted = int((drafted_len >= j).sum())
+        reached = int(((drafted_len >= j) & (accepted_len >= j - 1)).sum())
+        accepted = int(((drafted_len >= j) & (accepted_len >= j)).sum())
+        rows.append({"position": j, "drafted": drafted, "reached": reached, "accepted": accepted,
+                     "conditional": accepted / reached if reached else float("nan"),
+                     "marginal": accepted / drafted if drafted else float("nan")})
+    return pd.DataFrame(rows, columns=["position", "drafted", "reached", "accepted", "conditional", "marginal"])
+
+
+def ar_ms_per_token(turns: pd.DataFrame) -> float:
+    """The baseline's decode ms per token over a set of turns: from the `ar` method's own turns where it ran,
+    else from the paired AR measurements stored with the other methods' turns (each turn once)."""
+    ar = decoded(turns[turns.method == BASELINE])
+    if not ar.empty and ar.new_tokens.sum() > 0:
+        return float(1e3 * ar.decode_s.sum() / ar.new_tokens.sum())
+    pairs = paired(turns)
+    if pairs.empty:
+        return float("nan")
+    per_turn_pairs = pairs.drop_duplicates([c for c in ("run", "task", "sample_id", "turn") if c in pairs.columns])
+    return float(1e3 * per_turn_pairs.ar_decode_s.sum() / per_turn_pairs.ar_new_tokens.sum())
+
+
+def same_as_baseline(turns: pd.DataFrame) -> pd.Series:
+    """Per decoded turn: do its output ids equal the `ar` output of the same (task, sample, turn)? None where
+    there is nothing to compare (no `ar` decode of that turn, the baseline itself, or no stored ids)."""
+    keys = ["task", "sample_id", "turn"]  # the baseline may come from another merged run of the same task
+    ar = {tuple(r[k] for k in keys): r["output_ids"] for _, r in decoded(turns[turns.method == BASELINE]).iterrows()}
+    flags = []
+    for _, r in turns.iterrows():
+        key = tuple(r[k] for k in keys)
+        if r.method == BASELINE or r.stop_reason == SKIPPED or key not in ar or r.output_ids is None or \
+                ar[key] is None:
+            flags.append(None)
+        else:
+            flags.append(list(r.output_ids) == list(ar[key]))
+    return pd.Series(flags, index=turns.index, dtype="object")
+
+
+def differs_from_ar(turns: pd.DataFrame, method: str) -> tuple[float, int]:
+    """(turns of `method` whose output differs from `ar`'s on the same turn, turns compared). Only at temperature
+    0, where a lossless method reproduces `ar` token for token; (NaN, 0) where that does not apply."""
+    if method == BASELINE or "output_ids" not in turns.columns or turns.empty:
+        return float("nan"), 0
+    if "temperature" in turns.columns and not (turns.temperature == 0).all():
+        return float("nan"), 0
+    ours = turns[(turns.method == method) | (turns.method == BASELINE)]
+    flags = same_as_baseline(ours)[ours.method == method]
+    known = [bool(f) for f in flags if f is not None]
+    if not known:
+        return float("nan"), 0
+    return float(sum(not f for f in known)), len(known)
