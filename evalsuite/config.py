@@ -62,7 +62,8 @@ class RunConfig:
     method_options: dict[str, dict] = field(default_factory=dict)  # method → {setting: value} (evalsuite.catalog)
     engine: str = "hf"  # hf (ours) | vllm (evalsuite/engines/vllm_engine.py)
     sample_ids: list[str] | None = None  # exact samples to run (instead of a seeded --limit subset)
-    threads: int | None = None  # torch intra-op threads (None: torch's default); the count used is recorded
+    threads: int | str | None = "auto"  # torch intra-op threads: "auto" = the cores other processes leave free
+    # (evalsuite.contention); the count used is recorded and is a drift field
     workers: int = 1  # Ray worker actors (1 = this process, no Ray)
     ray_address: str | None = None  # join this Ray cluster (implies the Ray path)
     gpus_per_worker: float | None = None  # None: 1 with --device cuda, 0 on cpu
@@ -94,8 +95,13 @@ class RunConfig:
             raise UserError(f"--max-turns {self.max_turns}: must be >= 1")
         if not 1 <= self.repeats <= 100:
             raise UserError(f"--repeats {self.repeats}: must be between 1 and 100")
-        if self.threads is not None and self.threads < 1:
-            raise UserError(f"--threads {self.threads}: must be >= 1")
+        if self.threads not in (None, "auto"):
+            try:
+                self.threads = int(self.threads)
+            except (TypeError, ValueError):
+                raise UserError(f"--threads {self.threads}: a number of threads, or auto") from None
+            if self.threads < 1:
+                raise UserError(f"--threads {self.threads}: must be >= 1")
         if self.workers < 1:
             raise UserError(f"--workers {self.workers}: must be >= 1")
         if self.gpus_per_worker is not None and self.gpus_per_worker < 0:

@@ -19,5 +19,10 @@ POSITION = ("position j: conditional = P(j accepted | positions 1..j-1 accepted)
             "a rejection)")
 CONTEXT = "context_len = the target's KV length when a step starts; a turn's context_len = its prompt length"
 
+CONTENDED_CORES = 0.5  # a decode is *contended* when other processes kept at least this many cores busy on average
+CONTENDED = (f"contended = other processes kept >= {CONTENDED_CORES:g} cores busy on average while the decode ran "
+             "(all CPU time in /proc/stat minus this process's own): its timings are not an idle machine's")
+
 # What run.json records under "conventions".
-RUN_CONVENTIONS = {"tau": TAU, "speedup": SPEEDUP, "per_position": POSITION, "context_len": CONTEXT}
+RUN_CONVENTIONS = {"tau": TAU, "speedup": SPEEDUP, "per_position": POSITION, "context_len": CONTEXT,
+                   "contended": CONTENDED}

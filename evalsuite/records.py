@@ -100,6 +100,8 @@ class TurnRecord:
     worker_device: str = ""  # its device: cpu, or cuda:N with N the physical GPU
     engine: str = "hf"  # "hf" (ours) | "vllm"
     last: bool = False  # the last turn of this (method, sample): the trajectory is finished for the method
+    cpu_others: float = float("nan")  # cores other processes kept busy on average during this decode (NaN: unknown)
+    contended: bool = False  # cpu_others >= evalsuite.contention.CONTENDED_CORES: its timings are not an idle machine's
 
 
 def step_records(key: TurnKey, result: TurnResult, engine: str) -> list[StepRecord]:
@@ -110,7 +112,8 @@ def step_records(key: TurnKey, result: TurnResult, engine: str) -> list[StepReco
 
 def turn_record(key: TurnKey, *, replay: str, context_len: int, dropped_tokens: int, dropped_messages: int,
                 position: int, engine: str, worker_host: str, worker_device: str, last: bool,
-                result: TurnResult | None = None, skip_reason: str = "") -> TurnRecord:
+                result: TurnResult | None = None, skip_reason: str = "", cpu_others: float | None = None,
+                contended: bool = False) -> TurnRecord:
     """The row of one turn: decoded (`result`) or skipped (`skip_reason`). Pairing comes later
     (`metrics.pair_turns`)."""
     common = dict(**asdict(key), replay=replay, context_len=context_len, prompt_tokens=context_len,
@@ -118,7 +121,8 @@ def turn_record(key: TurnKey, *, replay: str, context_len: int, dropped_tokens: 
                   worker_host=worker_host, worker_device=worker_device, last=last)
     if result is None:
         return TurnRecord(**common, stop_reason=SKIPPED, skip_reason=skip_reason)
-    return TurnRecord(**common, prefill_tokens=result.prefill_tokens, new_tokens=len(result.output_ids),
+    return TurnRecord(**common, cpu_others=float("nan") if cpu_others is None else cpu_others, contended=contended,
+                      prefill_tokens=result.prefill_tokens, new_tokens=len(result.output_ids),
                       num_steps=len(result.steps), prefill_s=result.prefill_s,
                       draft_prefill_s=result.draft_prefill_s, decode_s=result.decode_s,
                       tau=metrics.tau_of([s.num_accepted for s in result.steps],

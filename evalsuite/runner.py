@@ -14,13 +14,13 @@ from __future__ import annotations
 import hashlib
 import random
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from evalsuite import metrics, resume
+from evalsuite import contention, metrics, resume
 from evalsuite.config import RunConfig, environment
-from evalsuite.conventions import BASELINE, RUN_CONVENTIONS
+from evalsuite.conventions import BASELINE, CONTENDED_CORES, RUN_CONVENTIONS, SKIPPED
 from evalsuite.engines import make_engine
 from evalsuite.engines.base import Engine
 from evalsuite.errors import UserError
@@ -41,10 +41,12 @@ class Unit(NamedTuple):
 
 @dataclass
 class Progress:
-    """What the CLI's live bar shows; the runner calls `update` after every decoded turn of a method."""
+    """What the CLI's live bar shows: `update` after every stored (method, turn), with its numbers; `step(tokens)`
+    as decoding goes (every verify step, then the rest of the decode's --max-new-tokens × --repeats budget)."""
 
     total: int
     update: Callable[[dict], None] = lambda info: None
+    step: Callable[[int], None] = lambda tokens: None
 
 
 class Runner:
@@ -65,7 +67,8 @@ class Runner:
 
     # ---- set-up ---------------------------------------------------------------------------------------------
     def load(self, write_config: bool = True) -> None:
-        """Data, then the engine (target and methods), then run.json (a Ray worker leaves that to the driver)."""
+        """Data, the machine's load, then the engine (target and methods), then run.json (a Ray worker leaves that
+        to the driver)."""
         self.store.prepare()
         # the data first: a malformed record or a bad --subset is reported before seconds of model loading
         self.trajectories = self.task.load(LoadOptions(self.config.limit, self.config.seed, self.config.data_path,
@@ -75,7 +78,10 @@ class Runner:
         if not self.trajectories:
             raise UserError(f"task {self.config.task}: no samples to run")
         check_replay_mode(self.config.replay, self.trajectories, self.config.task)
-        self.engine.start(self.methods)
+        self.contention = contention.snapshot()  # before loading: what else keeps the CPU busy
+        self.threads_requested = self.config.threads
+        self.config = replace(self.config, threads=contention.resolve_threads(self.config.threads, self.contention))
+        self.engine.start(self.methods, self.config.threads)
         self.chat = self.engine.chat
         self.worker_device = self.worker_device or self.engine.device_label
         self.policy = make_policy(self.config.context_policy,
@@ -105,6 +111,7 @@ class Runner:
             "data_sha256": resume.data_hash(self.config.data_path),
             "conventions": RUN_CONVENTIONS,
             "environment": {**environment(), **device},
+            "contention": {**self.contention.describe(), "threads_requested": self.threads_requested},
             "scaleout": {**self.scaleout, "worker_info": self.scaleout.get("worker_info") or [
                 {"host": self.worker_host, "device": self.worker_device}]},
         }
@@ -137,14 +144,16 @@ class Runner:
         return [Unit(t, methods) for t in self.trajectories if (methods := self.pending_methods(t))]
 
     # ---- the run ---------------------------------------------------------------------------------------------
-    def warm_up(self) -> None:
-        if self.config.warmup:
-            self.engine.warm_up(self._warmup_ids())
+    def warm_up(self) -> dict[str, float]:
+        """The engine's untimed warm-up; each method's seconds per token in it (for the plan)."""
+        self.warmed = True
+        return self.engine.warm_up(self._warmup_ids()) if self.config.warmup else {}
 
     def run(self, progress: Progress | None = None) -> None:
         units = self.pending_units()
         if units:
-            self.warm_up()
+            if not getattr(self, "warmed", False):
+                self.warm_up()
             for unit in units:
                 self.run_unit(unit.trajectory, progress, unit.methods)
         self.refresh_stored()
@@ -164,6 +173,7 @@ class Runner:
                                       self.config.max_turns) for name in methods}
         stored = {name: {row.turn: row for row in self.stored.get((name, sample), [])} for name in methods}
         self.engine.begin_trajectory()
+        budget = self.config.max_new_tokens * self.config.repeats
         turn = 0
         while any(replay.has_turn(turn) for replay in replays.values()):
             wanted = [m for m in methods if turn not in stored[m]]
@@ -182,9 +192,20 @@ class Runner:
                     replays[name].record_reply(turn, None)
                     records[name] = turn_record(key, **common, last=False, skip_reason=context.skip_reason)
                     continue
-                result = self.engine.decode(name, context.ids, turn_seed(self.config.seed, sample, turn))
+                stepped = [0]
+
+                def on_step(tokens: int) -> None:
+                    stepped[0] += tokens
+                    progress.step(tokens)
+
+                meter = contention.Meter()
+                meter.start()
+                result = self.engine.decode(name, context.ids, turn_seed(self.config.seed, sample, turn), on_step)
+                others = meter.stop()
+                progress.step(max(budget - stepped[0], 0))  # the rest of this decode's budget
                 replays[name].record_reply(turn, self.chat.decode(result.output_ids))
-                records[name] = turn_record(key, **common, last=False, result=result)
+                records[name] = turn_record(key, **common, last=False, result=result, cpu_others=others,
+                                            contended=others is not None and others >= CONTENDED_CORES)
                 steps[name] = step_records(key, result, self.engine.name)
             for name in methods:
                 if name not in decode:  # stored: continue its history from the stored reply
@@ -196,7 +217,7 @@ class Runner:
                 record.last = not replays[record.method].has_turn(turn + 1)
             if kept:
                 self.store.write_turn(sample, turn, [s for m in wanted for s in steps.get(m, [])], kept)
-            for record in kept:
+            for record in (r for r in kept if r.stop_reason != SKIPPED):
                 mine = steps.get(record.method, [])
                 progress.update({"method": record.method, "sample": sample, "turn": turn, "tau": record.tau,
                                  "tau_sums": metrics.tau_sums([s.num_accepted for s in mine],
