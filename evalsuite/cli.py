@@ -427,6 +427,27 @@ def compact(
 
 @app.command()
 @friendly_errors
+def label(
+    run_dir: Path = typer.Argument(..., help="A run directory written by `evalsuite run --out`.", show_default=False),
+    threshold: int = typer.Option(8, help="Copy threshold in tokens: a position is copied when the tokens ending "
+                                          "there match this many or more earlier ones (recorded)."),
+    target: Optional[str] = typer.Option(None, help="Read the tokenizer from this model directory instead of the "
+                                                    "run's recorded target (it must hash the same)."),
+):
+    """Span labels (kind, copy length) for the decoded turns of a stored run that have none (docs/spans.md)."""
+    from evalsuite.labelling import label_run
+
+    with console.status("labelling…") as status:
+        summary = label_run(run_dir, threshold, target=target,
+                            progress=lambda sample: status.update(f"labelling {sample}…"))
+    for line in summary.notes + [f"skipped: {reason}" for reason in summary.skip_reasons[:10]]:
+        console.print(f"[yellow]note:[/] {escape(line)}", highlight=False, soft_wrap=True)
+    console.print(f"{summary.turns_labelled} turns labelled, {summary.turns_skipped} skipped, "
+                  f"{summary.turns_already_labelled} already labelled; {run_dir}/spans.parquet", highlight=False)
+
+
+@app.command()
+@friendly_errors
 def train(
     method: str = typer.Option(..., "--method", "-m", help="dlite | eagle3 | dflash | dspark."),
     target: str = typer.Option("default", help="Target: 'default' (embedded SmolLM2-135M-Instruct) or a local dir."),

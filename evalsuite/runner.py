@@ -6,7 +6,8 @@ one record per method, decoded or skipped with its reason; once all methods have
 with `ar` (`metrics.pair_turns`) and the turn is persisted (`store.RunStore.write_turn`), so an interrupted run
 resumes at the next turn. On `--resume`, each method's stored turns are replayed from their stored outputs
 (`MethodReplay.replay_stored`) and only the missing (method, turn) decodes run; `ar` decodes again where another
-method needs its pairing, without being rewritten.
+method needs its pairing, without being rewritten. Each decoded turn is stored with its span labels
+(`spans.label_turn`: kind and copy length per emitted token, from the context and output ids in memory).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from evalsuite.engines.base import Engine
 from evalsuite.errors import UserError
 from evalsuite.records import TurnKey, TurnRecord, step_records, turn_record
 from evalsuite.replay import ContextPolicy, MethodReplay, Window, check_replay_mode, make_policy
+from evalsuite.spans import SPANS_SCHEMA, SPANS_TABLE, label_turn, span_rows
 from evalsuite.store import RunStore, read_run
 from evalsuite.tasks.base import LoadOptions, Trajectory, get_task, select_samples
 
@@ -180,6 +182,7 @@ class Runner:
             decode = set(wanted) | ({BASELINE} if set(wanted) - {BASELINE} else set())
             records: dict[str, TurnRecord] = {}
             steps = {}
+            decoded: dict[str, tuple[list[int], list[int]]] = {}  # method → (context ids, output ids)
             order = [m for m in self.turn_order(sample, turn) if m in decode]
             for position, name in enumerate(order):
                 context = replays[name].context(turn)
@@ -207,6 +210,7 @@ class Runner:
                 records[name] = turn_record(key, **common, last=False, result=result, cpu_others=others,
                                             contended=others is not None and others >= CONTENDED_CORES)
                 steps[name] = step_records(key, result, self.engine.name)
+                decoded[name] = (context.ids, result.output_ids)
             for name in methods:
                 if name not in decode:  # stored: continue its history from the stored reply
                     row = stored[name].get(turn)
@@ -216,7 +220,9 @@ class Runner:
             for record in kept:
                 record.last = not replays[record.method].has_turn(turn + 1)
             if kept:
-                self.store.write_turn(sample, turn, [s for m in wanted for s in steps.get(m, [])], kept)
+                spans = self._span_rows(sample, turn, {m: decoded[m] for m in wanted if m in decoded})
+                self.store.write_turn(sample, turn, [s for m in wanted for s in steps.get(m, [])], kept,
+                                      extra={SPANS_TABLE: (spans, SPANS_SCHEMA)} if spans else None)
             for record in (r for r in kept if r.stop_reason != SKIPPED):
                 mine = steps.get(record.method, [])
                 progress.update({"method": record.method, "sample": sample, "turn": turn, "tau": record.tau,
@@ -236,6 +242,18 @@ class Runner:
     # ---- pieces ----------------------------------------------------------------------------------------------
     def _render(self, trajectory: Trajectory):
         return lambda messages: self.chat.render(messages, trajectory.tools, self.config.enable_thinking)
+
+    def _span_rows(self, sample: str, turn: int, decoded: dict[str, tuple[list[int], list[int]]]) -> list[dict]:
+        """Span labels of the methods' decoded turns (after all of them decoded, outside any timing); methods that
+        saw the same context and wrote the same reply (T=0) are labelled once."""
+        labels, records = {}, []
+        for name, (context_ids, output_ids) in decoded.items():
+            key = (tuple(context_ids), tuple(output_ids))
+            if key not in labels:
+                labels[key] = label_turn(output_ids, context_ids, self.chat.tokenizer, task=self.config.task,
+                                         method=name, sample_id=sample, turn=turn, run_id=self.run_id)
+            records.append(replace(labels[key], method=name))
+        return span_rows(records)
 
     def _stored_text(self, row) -> str | None:
         if row is None or row.output_ids is None:

@@ -18,6 +18,7 @@ from evalsuite.report import published as published_numbers
 from evalsuite.report import stats
 from evalsuite.report.figures import write_figures
 from evalsuite.report.load import Results, display_path, load_results
+from evalsuite.report.spans import span_section
 from evalsuite.report.tables import (Cell, Table, baseline_table, context_table, cost_context_table, cost_table,
                                      headline_tables, position_table, results_table, summary_table, tau_macro_table,
                                      to_latex, to_markdown)
@@ -89,6 +90,10 @@ def write_report(paths: list[Path], out: Path, formats: set[str] = frozenset(FOR
         Section("configuration", "Configuration and environment",
                 [provenance_table(results, out), runs_table(results, out), environment_table(results)]),
     ]
+    span_items, span_files, span_notes = span_section(results, out / "figures")
+    if span_items:  # runs holding span labels (docs/spans.md): after the cost section
+        sections.insert(3, Section("spans", "Acceptance by span type and by copying", span_items))
+    report.files, report.notes = report.files + span_files, report.notes + span_notes
     for section in sections:
         section.items = [item for item in section.items if item is not None]
     warnings = [f"MIXED CONFIGURATIONS (--allow-mixed): {line}" for line in results.mixed] + dirty_warnings(results)
