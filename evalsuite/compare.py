@@ -116,8 +116,11 @@ def turn_contexts(run_dir: Path, chat, keys: set[tuple[str, str, int]]) -> dict[
     tables = read_run(run_dir)
     config = tables.config or {}
     task = get_task(config["task"])
+    if config.get("replay") == "closed":
+        raise UserError(f"{run_dir}: a --replay closed run; its contexts depend on executed tool calls, which "
+                        "`evalsuite compare` does not rebuild")
     trajectories = task.load(LoadOptions(config.get("limit"), config.get("seed", 0), config.get("data_path"),
-                                         config.get("subset")))
+                                         config.get("subset"), config.get("format")))
     if config.get("sample_ids"):
         trajectories = select_samples(trajectories, config["sample_ids"], config["task"])
     by_id = {t.sample_id: t for t in trajectories}

@@ -28,6 +28,7 @@ from evalsuite.records import TurnKey, TurnRecord, step_records, turn_record
 from evalsuite.replay import ContextPolicy, MethodReplay, Window, check_replay_mode, make_policy
 from evalsuite.store import RunStore, read_run
 from evalsuite.tasks.base import LoadOptions, Trajectory, get_task, select_samples
+from evalsuite.tools.bfcl_loop import CLOSED, closed_replays, describe_closed_loop
 
 WARMUP_PROMPT = [{"role": "user", "content": "Warmup."}]
 
@@ -69,7 +70,7 @@ class Runner:
         self.store.prepare()
         # the data first: a malformed record or a bad --subset is reported before seconds of model loading
         self.trajectories = self.task.load(LoadOptions(self.config.limit, self.config.seed, self.config.data_path,
-                                                       self.config.subset))
+                                                       self.config.subset, self.config.format))
         if self.config.sample_ids is not None:
             self.trajectories = select_samples(self.trajectories, self.config.sample_ids, self.config.task)
         if not self.trajectories:
@@ -99,6 +100,7 @@ class Runner:
             "engine": self.engine.name,
             "replay": self.replay,
             **engine,
+            **self._replay_notes(),
             "task_licence": self.task.licence,
             "task_source": self.task.source,
             "sample_ids": [t.sample_id for t in self.trajectories],
@@ -160,14 +162,14 @@ class Runner:
             return
         progress = progress or Progress(total=0)
         sample = trajectory.sample_id
-        replays = {name: MethodReplay(trajectory, self.replay, self.policy, self._render(trajectory),
-                                      self.config.max_turns) for name in methods}
+        replays = self._replays(trajectory, methods)
         stored = {name: {row.turn: row for row in self.stored.get((name, sample), [])} for name in methods}
         self.engine.begin_trajectory()
         turn = 0
         while any(replay.has_turn(turn) for replay in replays.values()):
-            wanted = [m for m in methods if turn not in stored[m]]
-            decode = set(wanted) | ({BASELINE} if set(wanted) - {BASELINE} else set())
+            wanted = [m for m in methods if replays[m].has_turn(turn) and turn not in stored[m]]
+            ar_has_turn = BASELINE in replays and replays[BASELINE].has_turn(turn)  # its own loop may end first
+            decode = set(wanted) | ({BASELINE} if set(wanted) - {BASELINE} and ar_has_turn else set())
             records: dict[str, TurnRecord] = {}
             steps = {}
             order = [m for m in self.turn_order(sample, turn) if m in decode]
@@ -177,7 +179,8 @@ class Runner:
                 common = dict(replay=context.replay, context_len=context.context_len,
                               dropped_tokens=context.dropped_tokens, dropped_messages=context.dropped_messages,
                               position=position, engine=self.engine.name, worker_host=self.worker_host,
-                              worker_device=self.worker_device)
+                              worker_device=self.worker_device, repo=str(trajectory.meta.get("repo") or ""),
+                              pairing=context.pairing)
                 if context.skipped:
                     replays[name].record_reply(turn, None)
                     records[name] = turn_record(key, **common, last=False, skip_reason=context.skip_reason)
@@ -187,7 +190,7 @@ class Runner:
                 records[name] = turn_record(key, **common, last=False, result=result)
                 steps[name] = step_records(key, result, self.engine.name)
             for name in methods:
-                if name not in decode:  # stored: continue its history from the stored reply
+                if name not in decode and replays[name].has_turn(turn):  # stored: continue from the stored reply
                     row = stored[name].get(turn)
                     replays[name].replay_stored(turn, self._stored_text(row))
             records = metrics.pair_turns(records)
@@ -195,7 +198,8 @@ class Runner:
             for record in kept:
                 record.last = not replays[record.method].has_turn(turn + 1)
             if kept:
-                self.store.write_turn(sample, turn, [s for m in wanted for s in steps.get(m, [])], kept)
+                self.store.write_turn(sample, turn, [s for m in wanted for s in steps.get(m, [])], kept,
+                                      self._extra_rows(replays, kept))
             for record in kept:
                 mine = steps.get(record.method, [])
                 progress.update({"method": record.method, "sample": sample, "turn": turn, "tau": record.tau,
@@ -213,6 +217,26 @@ class Runner:
         return order
 
     # ---- pieces ----------------------------------------------------------------------------------------------
+    def _replays(self, trajectory: Trajectory, methods: tuple[str, ...]) -> dict[str, MethodReplay]:
+        if self.replay == CLOSED:
+            return closed_replays(trajectory, methods, self.policy, self._render, self.config.temperature,
+                                  self.config.max_turns)
+        return {name: MethodReplay(trajectory, self.replay, self.policy, self._render(trajectory),
+                                   self.config.max_turns) for name in methods}
+
+    def _replay_notes(self) -> dict:
+        return describe_closed_loop(self.config.temperature) if self.replay == CLOSED else {}
+
+    @staticmethod
+    def _extra_rows(replays: dict[str, MethodReplay], kept: list[TurnRecord]) -> dict:
+        """Other tables' rows of one turn (`MethodReplay.turn_extra`), keyed like the turn's rows."""
+        extra: dict[str, tuple[list[dict], object]] = {}
+        for record in kept:
+            key = {k: getattr(record, k) for k in ("run_id", "method", "task", "sample_id", "turn")}
+            for table, (row, schema) in replays[record.method].turn_extra(record.turn).items():
+                extra.setdefault(table, ([], schema))[0].append({**key, **row})
+        return extra
+
     def _render(self, trajectory: Trajectory):
         return lambda messages: self.chat.render(messages, trajectory.tools, self.config.enable_thinking)
 
