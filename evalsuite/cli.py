@@ -127,7 +127,8 @@ def run(
                                  "(compiled during the warm-up; recorded)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Run directory (default results/<run_id>)."),
     resume: bool = typer.Option(False, help="Skip (method, sample) pairs already finished in --out."),
-    replay: str = typer.Option("auto", help="auto | logged | free: history for later turns."),
+    replay: str = typer.Option("auto", help="auto | logged | free | closed: history for later turns (closed: "
+                               "BFCL-v3 with the target's own tool calls executed; needs the bfcl extra)."),
     context_policy: str = typer.Option("stop", help="stop | truncate-left, when a context reaches the target maximum."),
     max_turns: Optional[int] = typer.Option(None, help="Cap on turns per trajectory."),
     enable_thinking: bool = typer.Option(False, help="Passed to the chat template and recorded."),
@@ -135,6 +136,10 @@ def run(
                                              "format, or 'hub' (or an owner/name id) for the Hugging Face copy."),
     subset: Optional[str] = typer.Option(None, help="Task subset (e.g. LongBench v2 domain); only for "
                                           "tasks that have subsets (docs/tasks.md)."),
+    data_format: Optional[str] = typer.Option(None, "--format", help="Trajectory format of --data-path (swebench): "
+                                               "auto (detected, the default), mini-swe-agent, swe-agent, openhands, "
+                                               "nebius-swe-agent, swe-gym-openhands, swe-rebench-openhands, "
+                                               "swebench-instances, swebench-prompts (docs/swebench.md)."),
     warmup: bool = typer.Option(True, help="Untimed warm-up decode before recording."),
     repeats: int = typer.Option(1, help="Decode each turn N times from the same seed and keep the median time."),
     method_option: list[str] = typer.Option([], "--method-option", help="METHOD.KEY=VALUE, repeatable: a method "
@@ -163,7 +168,7 @@ def run(
         dtype=dtype, weight_layout=weight_layout, kv_cache=kv_cache, compile=compile, k=k, temperature=temperature,
         top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, limit=limit, seed=seed, resume=resume,
         replay=replay, context_policy=context_policy, max_turns=max_turns, enable_thinking=enable_thinking,
-        data_path=data_path, subset=subset, warmup=warmup, repeats=repeats,
+        data_path=data_path, subset=subset, format=data_format, warmup=warmup, repeats=repeats,
         method_options=_parse_method_options(method_option), engine=engine,
         sample_ids=None if sample_ids is None else [s.strip() for s in sample_ids.split(",") if s.strip()],
         threads=threads, workers=workers, ray_address=ray_address, gpus_per_worker=gpus_per_worker,
@@ -407,6 +412,36 @@ def compare(
                                                                                   index=False)
         (out_dir / "compare.md").write_text(to_markdown(engines_table(side, label_a, label_b)))
         console.print(f"written: {out_dir}/compare_turns.csv, {out_dir}/compare.md")
+
+
+export_app = typer.Typer(no_args_is_help=True, help="Write a stored run's outputs in another tool's format.")
+app.add_typer(export_app, name="export")
+
+
+@export_app.command("swebench")
+@friendly_errors
+def export_swebench(
+    run_dir: Path = typer.Argument(..., help="A --task swebench run directory.", show_default=False),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Where to write METHOD/predictions.jsonl (default "
+                                                               "RUN_DIR/swebench-predictions)."),
+    tokenizer: Optional[str] = typer.Option(None, help="The target's directory (tokenizer and template only), when "
+                                                       "the run's target_path is not on this machine."),
+    model_name: Optional[str] = typer.Option(None, help="model_name_or_path prefix (default evalsuite__RUN_ID); "
+                                                        "the method is appended."),
+):
+    """SWE-bench predictions (instance_id, model_name_or_path, model_patch) from the target's own replies, one
+    predictions.jsonl per method, for `python -m swebench.harness.run_evaluation` (docs/swebench.md)."""
+    from evalsuite.swebench_export import export_predictions
+
+    for export in export_predictions(run_dir, out_dir, tokenizer, model_name):
+        notes = []
+        if export.skipped_turns:
+            notes.append(f"{len(export.skipped_turns)} skipped turns left out")
+        if export.agent_samples:
+            notes.append(f"{export.agent_samples} multi-turn agent trajectories left out (their replies are actions, "
+                         "not patches)")
+        console.print(f"{export.method}: {export.written} predictions → {export.path}"
+                      + (f" ({'; '.join(notes)})" if notes else ""), highlight=False, soft_wrap=True)
 
 
 @app.command()

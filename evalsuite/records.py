@@ -102,6 +102,10 @@ class TurnRecord:
     last: bool = False  # the last turn of this (method, sample): the trajectory is finished for the method
     cpu_others: float = float("nan")  # cores other processes kept busy on average during this decode (NaN: unknown)
     contended: bool = False  # cpu_others >= evalsuite.contention.CONTENDED_CORES: its timings are not an idle machine's
+    repo: str = ""  # the sample's repository (SWE-bench: Trajectory.meta["repo"]), "" where the task has none
+    # "" = paired with `ar`'s decode of the same context; "turn_index" = paired by turn index only (closed loop at
+    # T>0: every method runs its own loop, so `ar`'s decode of this index saw another context)
+    pairing: str = ""
 
 
 def step_records(key: TurnKey, result: TurnResult, engine: str) -> list[StepRecord]:
@@ -113,12 +117,12 @@ def step_records(key: TurnKey, result: TurnResult, engine: str) -> list[StepReco
 def turn_record(key: TurnKey, *, replay: str, context_len: int, dropped_tokens: int, dropped_messages: int,
                 position: int, engine: str, worker_host: str, worker_device: str, last: bool,
                 result: TurnResult | None = None, skip_reason: str = "", cpu_others: float | None = None,
-                contended: bool = False) -> TurnRecord:
+                contended: bool = False, repo: str = "", pairing: str = "") -> TurnRecord:
     """The row of one turn: decoded (`result`) or skipped (`skip_reason`). Pairing comes later
     (`metrics.pair_turns`)."""
     common = dict(**asdict(key), replay=replay, context_len=context_len, prompt_tokens=context_len,
                   dropped_tokens=dropped_tokens, dropped_messages=dropped_messages, position=position, engine=engine,
-                  worker_host=worker_host, worker_device=worker_device, last=last)
+                  worker_host=worker_host, worker_device=worker_device, last=last, repo=repo, pairing=pairing)
     if result is None:
         return TurnRecord(**common, stop_reason=SKIPPED, skip_reason=skip_reason)
     return TurnRecord(**common, cpu_others=float("nan") if cpu_others is None else cpu_others, contended=contended,

@@ -72,6 +72,7 @@ class TurnContext:
     dropped_messages: int = 0
     dropped_tokens: int = 0
     skip_reason: str = ""
+    pairing: str = ""  # how `ar`'s decode of this turn index relates to this context (TurnRecord.pairing)
 
     @property
     def context_len(self) -> int:
@@ -186,7 +187,8 @@ def split_for_truncation(messages: list[dict], protected_tail: int) -> tuple[lis
 
 class MethodReplay:
     """One method's replay of one trajectory: `context(i)` before turn i, `record_reply(i, text)` after it;
-    `has_turn(i)` says whether turn i exists (up to `max_turns`)."""
+    `has_turn(i)` says whether turn i exists (up to `max_turns`). A replay may learn only from reply i whether
+    turn i + 1 exists (the closed loop, `evalsuite.tools.bfcl_loop.ClosedReplay`): the runner asks after it."""
 
     def __init__(self, trajectory: Trajectory, mode: str, policy: ContextPolicy, render: Render,
                  max_turns: int | None = None):
@@ -233,6 +235,11 @@ class MethodReplay:
             what = "has no logged reply" if self.mode == "logged" else "produced no reply (free replay)"
             self.broken = f"turn {index} was skipped and {what}, so this turn has no history to continue from"
 
+    def turn_extra(self, index: int) -> dict[str, tuple[dict, object]]:
+        """Rows of other tables for turn `index` after its reply (table → (row without the key columns, its
+        pyarrow schema)); the runner stores them with the turn (`RunStore.write_turn(extra=...)`). None here."""
+        return {}
+
     def replay_stored(self, index: int, output_text: str | None) -> TurnContext:
         """Turn `index` as a stored run saw it: its context, then its stored reply (None when it was skipped), so
         the history continues exactly as it did (resume, `evalsuite compare`, span labelling)."""
@@ -265,9 +272,13 @@ def stored_contexts(config: dict, turns, chat, pairs: Iterable[tuple[str, str]] 
     `turns`: the run's turns table (`store.read_run(...).turns`); `pairs`: the (method, sample) pairs to rebuild (all
     the table's when None), every turn up to max_turns. A sample no longer in the task's data has no contexts."""
     check_chat(chat, config)
+    if config.get("replay") == "closed":
+        raise UserError("a --replay closed run: its contexts hold the results of executed tool calls, which are not "
+                        "rebuilt from the stored replies (its span labels are written during the run)")
     task = get_task(config["task"])
     trajectories = task.load(LoadOptions(config.get("limit"), config.get("seed", 0),
-                                         _run_path(config.get("data_path")), config.get("subset")))
+                                         _run_path(config.get("data_path")), config.get("subset"),
+                                         config.get("format")))
     by_id = {t.sample_id: t for t in trajectories}
     mode = config.get("replay")
     mode = task.default_replay if mode in (None, "", "auto") else mode

@@ -30,6 +30,7 @@ from evalsuite.replay import ContextPolicy, MethodReplay, Window, check_replay_m
 from evalsuite.spans import SPANS_SCHEMA, SPANS_TABLE, label_turn, span_rows
 from evalsuite.store import RunStore, read_run
 from evalsuite.tasks.base import LoadOptions, Trajectory, get_task, select_samples
+from evalsuite.tools.bfcl_loop import CLOSED, closed_replays, describe_closed_loop
 
 WARMUP_PROMPT = [{"role": "user", "content": "Warmup."}]
 
@@ -74,7 +75,7 @@ class Runner:
         self.store.prepare()
         # the data first: a malformed record or a bad --subset is reported before seconds of model loading
         self.trajectories = self.task.load(LoadOptions(self.config.limit, self.config.seed, self.config.data_path,
-                                                       self.config.subset))
+                                                       self.config.subset, self.config.format))
         if self.config.sample_ids is not None:
             self.trajectories = select_samples(self.trajectories, self.config.sample_ids, self.config.task)
         if not self.trajectories:
@@ -107,6 +108,7 @@ class Runner:
             "engine": self.engine.name,
             "replay": self.replay,
             **engine,
+            **self._replay_notes(),
             "task_licence": self.task.licence,
             "task_source": self.task.source,
             "sample_ids": [t.sample_id for t in self.trajectories],
@@ -171,15 +173,15 @@ class Runner:
             return
         progress = progress or Progress(total=0)
         sample = trajectory.sample_id
-        replays = {name: MethodReplay(trajectory, self.replay, self.policy, self._render(trajectory),
-                                      self.config.max_turns) for name in methods}
+        replays = self._replays(trajectory, methods)
         stored = {name: {row.turn: row for row in self.stored.get((name, sample), [])} for name in methods}
         self.engine.begin_trajectory()
         budget = self.config.max_new_tokens * self.config.repeats
         turn = 0
         while any(replay.has_turn(turn) for replay in replays.values()):
-            wanted = [m for m in methods if turn not in stored[m]]
-            decode = set(wanted) | ({BASELINE} if set(wanted) - {BASELINE} else set())
+            wanted = [m for m in methods if replays[m].has_turn(turn) and turn not in stored[m]]
+            ar_has_turn = BASELINE in replays and replays[BASELINE].has_turn(turn)  # its own loop may end first
+            decode = set(wanted) | ({BASELINE} if set(wanted) - {BASELINE} and ar_has_turn else set())
             records: dict[str, TurnRecord] = {}
             steps = {}
             decoded: dict[str, tuple[list[int], list[int]]] = {}  # method → (context ids, output ids)
@@ -190,7 +192,8 @@ class Runner:
                 common = dict(replay=context.replay, context_len=context.context_len,
                               dropped_tokens=context.dropped_tokens, dropped_messages=context.dropped_messages,
                               position=position, engine=self.engine.name, worker_host=self.worker_host,
-                              worker_device=self.worker_device)
+                              worker_device=self.worker_device, repo=str(trajectory.meta.get("repo") or ""),
+                              pairing=context.pairing)
                 if context.skipped:
                     replays[name].record_reply(turn, None)
                     records[name] = turn_record(key, **common, last=False, skip_reason=context.skip_reason)
@@ -212,7 +215,7 @@ class Runner:
                 steps[name] = step_records(key, result, self.engine.name)
                 decoded[name] = (context.ids, result.output_ids)
             for name in methods:
-                if name not in decode:  # stored: continue its history from the stored reply
+                if name not in decode and replays[name].has_turn(turn):  # stored: continue from the stored reply
                     row = stored[name].get(turn)
                     replays[name].replay_stored(turn, self._stored_text(row))
             records = metrics.pair_turns(records)
@@ -221,8 +224,10 @@ class Runner:
                 record.last = not replays[record.method].has_turn(turn + 1)
             if kept:
                 spans = self._span_rows(sample, turn, {m: decoded[m] for m in wanted if m in decoded})
-                self.store.write_turn(sample, turn, [s for m in wanted for s in steps.get(m, [])], kept,
-                                      extra={SPANS_TABLE: (spans, SPANS_SCHEMA)} if spans else None)
+                extra = self._extra_rows(replays, kept)
+                if spans:
+                    extra[SPANS_TABLE] = (spans, SPANS_SCHEMA)
+                self.store.write_turn(sample, turn, [s for m in wanted for s in steps.get(m, [])], kept, extra)
             for record in (r for r in kept if r.stop_reason != SKIPPED):
                 mine = steps.get(record.method, [])
                 progress.update({"method": record.method, "sample": sample, "turn": turn, "tau": record.tau,
@@ -240,6 +245,26 @@ class Runner:
         return order
 
     # ---- pieces ----------------------------------------------------------------------------------------------
+    def _replays(self, trajectory: Trajectory, methods: tuple[str, ...]) -> dict[str, MethodReplay]:
+        if self.replay == CLOSED:
+            return closed_replays(trajectory, methods, self.policy, self._render, self.config.temperature,
+                                  self.config.max_turns)
+        return {name: MethodReplay(trajectory, self.replay, self.policy, self._render(trajectory),
+                                   self.config.max_turns) for name in methods}
+
+    def _replay_notes(self) -> dict:
+        return describe_closed_loop(self.config.temperature) if self.replay == CLOSED else {}
+
+    @staticmethod
+    def _extra_rows(replays: dict[str, MethodReplay], kept: list[TurnRecord]) -> dict:
+        """Other tables' rows of one turn (`MethodReplay.turn_extra`), keyed like the turn's rows."""
+        extra: dict[str, tuple[list[dict], object]] = {}
+        for record in kept:
+            key = {k: getattr(record, k) for k in ("run_id", "method", "task", "sample_id", "turn")}
+            for table, (row, schema) in replays[record.method].turn_extra(record.turn).items():
+                extra.setdefault(table, ([], schema))[0].append({**key, **row})
+        return extra
+
     def _render(self, trajectory: Trajectory):
         return lambda messages: self.chat.render(messages, trajectory.tools, self.config.enable_thinking)
 

@@ -44,6 +44,7 @@ class LoadOptions:
     seed: int = 0
     data_path: str | None = None
     subset: str | None = None
+    format: str | None = None  # --format: the trajectory format of --data-path (None: detected); swebench only
 
 
 @dataclass(frozen=True)
@@ -55,26 +56,31 @@ class TaskInfo:
     licence: str
     source: str
     subsets: tuple[str, ...] = ()  # what --subset accepts (for messages); empty: the task has none
+    formats: bool = False  # whether --format (a trajectory format for --data-path) applies
 
 
 TASKS: dict[str, TaskInfo] = {}
 
 
 def register_task(name: str, summary: str, licence: str, source: str, default_replay: str = "free",
-                  subsets: tuple[str, ...] = (), bundled: bool = True):
+                  subsets: tuple[str, ...] = (), bundled: bool = True, formats: bool = False):
     """Register an adapter. `subsets`: what --subset accepts (the adapter checks the names); `bundled`: whether
-    the task reads data/ when no --data-path is given. Before the adapter runs, a --subset for a task without
-    subsets is refused, and so is a run on bundled data when this install has none."""
+    the task reads data/ when no --data-path is given; `formats`: whether it reads --format. Before the adapter
+    runs, a --subset for a task without subsets is refused, so is a --format for a task without formats, and so is
+    a run on bundled data when this install has none."""
 
     def wrap(load: Callable[[LoadOptions], list[Trajectory]]):
         def checked_load(options: LoadOptions) -> list[Trajectory]:
             if options.subset is not None and not subsets:
                 raise UserError(f"--subset {options.subset}: task {name} has no subsets; drop --subset")
+            if options.format not in (None, "auto") and not formats:
+                raise UserError(f"--format {options.format}: task {name} reads one format; --format is for "
+                                "--task swebench trajectories")
             if options.data_path is None and bundled:
                 require_bundled("data", f"the bundled data of task {name}", "pass --data-path")
             return load(options)
 
-        TASKS[name] = TaskInfo(name, checked_load, summary, default_replay, licence, source, tuple(subsets))
+        TASKS[name] = TaskInfo(name, checked_load, summary, default_replay, licence, source, tuple(subsets), formats)
         return load
 
     return wrap
