@@ -107,11 +107,11 @@ def measure(targets: dict[str, TargetModel], context: int, repeats: int) -> dict
 def load(args, kv_cache: str, compile: bool = False) -> TargetModel:
     """The default target or a path as `evalsuite run` loads it; or a random Qwen3-shaped one (draft_cost.py's)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from draft_cost import RANDOM_TARGETS, TINY_SHAPE, random_target
+    from draft_cost import RANDOM_TARGETS, random_target
 
     if args.target in RANDOM_TARGETS:
         dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
-        shape = TINY_SHAPE if args.tiny else RANDOM_TARGETS[args.target]
+        shape = "tiny" if args.tiny else RANDOM_TARGETS[args.target]
         return random_target(shape, args.target, args.device, dtype, kv_cache, compile)
     return TargetModel.load(args.target, args.device, kv_cache=kv_cache, compile=compile)
 

@@ -30,7 +30,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -39,22 +38,16 @@ import torch
 from evalsuite.catalog import METHODS, method_spec
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Method, Sampling, get_method
+from evalsuite.profile import SHAPES, Timer, real_text_ids, shape_config
+from evalsuite.profile import random_target as profile_random_target
 from evalsuite.target import TargetModel
-from evalsuite.testing import byte_tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
 BASELINES = ("ar", "ngram")
 
-# Randomly initialised targets built from a config (no download). Shapes of the released Qwen3 models.
-RANDOM_TARGETS = {
-    "qwen3-8b-random": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-                            num_key_value_heads=8, head_dim=128, vocab_size=151936),
-    "qwen3-4b-random": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
-                            num_key_value_heads=8, head_dim=128, vocab_size=151936),
-}
+# Randomly initialised targets built from a config (no download): the shapes of evalsuite.profile.
+RANDOM_TARGETS = {"qwen3-8b-random": "qwen3-8b", "qwen3-4b-random": "qwen3-4b"}
 # `--tiny`: the random-target code path at toy sizes (deep enough for distinct feature layers).
-TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=12, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16, vocab_size=512)
+TINY_SHAPE = SHAPES["tiny"][1]
 # The random targets' released drafter variants worth timing next to the defaults.
 RELEASED_VARIANTS = ["dlite", "eagle3", "eagle3:format=specforge,draft_vocab_size=32000", "dflash",
                      "dflash:layout=block7", "dspark"]
@@ -75,48 +68,22 @@ class Row:
 
 
 # ---- set-up -----------------------------------------------------------------------------------------------------
-def random_target(shape: dict, name: str, device: str, dtype: torch.dtype, kv_cache: str = "static",
+def random_target(shape: str, name: str, device: str, dtype: torch.dtype, kv_cache: str = "static",
                   compile: bool = False) -> TargetModel:
-    from transformers import AutoModelForCausalLM, Qwen3Config
-
-    config = Qwen3Config(**shape, max_position_embeddings=131072, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
-                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    model.generation_config.eos_token_id = 2
-    # Byte-level ids of real text are valid in any vocabulary of more than 260 entries.
-    return TargetModel(model, byte_tokenizer(), name, f"random:{name}", torch.device(device), dtype,
-                       kv_cache=kv_cache, compile=compile)
+    """A named shape of evalsuite.profile with random weights, as loaded (row-major weights)."""
+    config, _ = shape_config(shape)
+    return profile_random_target(config, name, device, dtype, "row-major", compile=compile, kv_cache=kv_cache)
 
 
 def load_target(args) -> TargetModel:
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype] \
         if args.dtype else (torch.bfloat16 if args.device.startswith("cuda") else torch.float32)
     if args.target in RANDOM_TARGETS:
-        shape = TINY_SHAPE if args.tiny else RANDOM_TARGETS[args.target]
+        shape = "tiny" if args.tiny else RANDOM_TARGETS[args.target]
         return random_target(shape, args.target + ("-tiny" if args.tiny else ""), args.device, dtype)
     if args.tiny:
         raise UserError("--tiny applies to the random targets (e.g. --target qwen3-8b-random --tiny)")
     return TargetModel.load(args.target, args.device, args.dtype)
-
-
-def real_text_ids(target: TargetModel, length: int) -> list[int]:
-    """GSM8K questions and answers, then MT-Bench questions, tokenized and repeated to `length` tokens."""
-    texts = []
-    for line in (REPO / "data" / "gsm8k" / "test.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        texts.append(f"Question: {record['question']}\nAnswer: {record.get('answer', '')}\n")
-    for line in (REPO / "data" / "mt_bench" / "question.jsonl").read_text().splitlines():
-        texts.extend(json.loads(line)["turns"])
-    ids: list[int] = []
-    for text in texts:
-        ids.extend(target.tokenizer(text, add_special_tokens=False)["input_ids"])
-        if len(ids) >= length:
-            break
-    while len(ids) < length:
-        ids = ids + ids
-    return ids[:length]
 
 
 def parse_method(spec: str) -> tuple[str, str, dict]:
@@ -136,26 +103,6 @@ def default_methods(args) -> list[str]:
 
 
 # ---- timing -----------------------------------------------------------------------------------------------------
-class Timer:
-    """Milliseconds of a region: CUDA events on a GPU (after a sync), perf_counter elsewhere."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def measure(self, fn) -> tuple[float, object]:
-        if self.cuda:
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            result = fn()
-            end.record()
-            torch.cuda.synchronize()
-            return start.elapsed_time(end), result
-        begin = time.perf_counter()
-        result = fn()
-        return (time.perf_counter() - begin) * 1e3, result
-
-
 def prefill_features(target: TargetModel, ids: torch.Tensor, layers: tuple[int, ...], chunk: int) -> torch.Tensor:
     """Target features [n, S, H] of every position, prefilled in chunks (bounded activation memory)."""
     cache = target.new_cache()

@@ -351,6 +351,8 @@ def report(
     task: Optional[str] = typer.Option(None, "--task", help="Only these tasks (comma-separated task labels)."),
     method: Optional[str] = typer.Option(None, "--method", help="Only these methods (comma-separated); the `ar` "
                                                                 "baseline always stays."),
+    cost: Optional[Path] = typer.Option(None, "--cost", help="A profile directory: add the section 'Where "
+                                                             "speculation pays' (evalsuite regime) to the report."),
 ):
     """Tables, figures and an HTML page from stored runs (never reruns anything)."""
     from evalsuite.report.build import parse_formats, write_report
@@ -360,6 +362,10 @@ def report(
     with console.status("building the report…"):
         result = write_report(results_dirs, out_dir, parse_formats(formats), allow_mixed, seed, resamples,
                               tasks=_names(task), methods=_names(method))
+    if cost is not None:  # the regime section (evalsuite.report.regime), after the report itself
+        from evalsuite.report.regime import add_to_report
+
+        result.files.extend(add_to_report(out_dir, list(results_dirs), cost))
     for note in result.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
     index = out_dir / "index.html"
@@ -412,6 +418,143 @@ def compare(
                                                                                   index=False)
         (out_dir / "compare.md").write_text(to_markdown(engines_table(side, label_a, label_b)))
         console.print(f"written: {out_dir}/compare_turns.csv, {out_dir}/compare.md")
+
+
+@app.command()
+@friendly_errors
+def profile(
+    out_dir: Path = typer.Option(..., "--out", help="Directory for target_cost.parquet, draft_cost.parquet and "
+                                                    "run.json."),
+    target: Optional[str] = typer.Option(None, help="A model directory (or 'default'): its config and tokenizer, "
+                                                    "random weights. Default: the default target's."),
+    target_shape: Optional[str] = typer.Option(None, help="A shape only: smollm2-135m (= default), qwen3-8b, "
+                                                          "qwen3-4b, llama-3.1-8b, qwen2.5-coder-0.5b, tiny, or "
+                                                          "a config.json."),
+    method: str = typer.Option("dlite,eagle3,dflash,dspark,ngram", "--method", "-m",
+                               help="Methods whose draft cost to measure (ar drafts nothing)."),
+    drafter: list[str] = typer.Option([], help="METHOD=DIR|random, repeatable. Default: random (untrained, "
+                                                    "default size for the shape); for --target default the "
+                                                    "shipped drafters, as `evalsuite run` loads them."),
+    method_option: list[str] = typer.Option([], "--method-option", help="METHOD.KEY=VALUE, repeatable."),
+    batch: str = typer.Option("1,2,4,8", help="Batch sizes, e.g. 1,2,4 or 1..64 (powers of two)."),
+    contexts: str = typer.Option("1k,4k,8k", help="Context lengths, e.g. 512,2k,8k or 1k..128k (powers of two)."),
+    k: int = typer.Option(7, "--k", help="Draft tokens per step; verify blocks 1 … k+1 are measured."),
+    device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
+    dtype: Optional[str] = typer.Option(None, help="float32 (CPU default) | bfloat16 (CUDA default) | float16."),
+    weight_layout: str = typer.Option("auto", help="The target's weight layout, as in `evalsuite run`."),
+    warmup: int = typer.Option(2, help="Untimed rounds per point."),
+    repeats: int = typer.Option(5, help="Timed rounds per point (the median is kept)."),
+    memory_budget: Optional[str] = typer.Option(None, help="Bytes a point may allocate beyond the resident "
+                                                           "weights, e.g. 4GiB (CPU default: min(40 % of the "
+                                                           "available memory, 6 GiB); CUDA: 90 % of free memory)."),
+    threads: str = typer.Option("auto", help="torch threads, or auto: the cores other processes leave free."),
+    time_limit: Optional[float] = typer.Option(None, help="Seconds after which no new point starts (the rest is "
+                                                          "recorded as skipped); tables are written per context."),
+):
+    """Cost surfaces with random weights: target decode/verify ms and draft ms over batch × context × block."""
+    from evalsuite import contention
+    from evalsuite.profile import parse_sizes, run_profile
+
+    if target and target_shape:
+        raise UserError("give --target or --target-shape, not both")
+    methods = [m.strip() for m in method.split(",") if m.strip()]
+    names = [m.partition(":")[0] for m in methods]
+    chosen = _parse_drafters(drafter, names) if drafter else {}
+    options = _parse_method_options(method_option)
+    batches, context_list = parse_sizes(batch, "batch"), parse_sizes(contexts, "contexts")
+    thread_count = contention.resolve_threads(threads if threads == "auto" else int(threads), contention.snapshot())
+    result = run_profile(out_dir, target=target, target_shape=target_shape, methods=methods, drafters=chosen,
+                         method_options=options, batches=batches, contexts=context_list, k=k, device=device,
+                         dtype=dtype, weight_layout=weight_layout, warmup=warmup, repeats=repeats,
+                         memory_budget=memory_budget, threads=thread_count, time_limit_s=time_limit,
+                         log=lambda line: console.print(escape(line), highlight=False, soft_wrap=True))
+    skipped = len(result.skipped)
+    console.print(f"{len(result.target_rows)} target rows, {len(result.draft_rows)} draft rows"
+                  + (f", {skipped} points skipped for memory (run.json: skipped)" if skipped else "")
+                  + f" → {out_dir}", highlight=False)
+
+
+@app.command()
+@friendly_errors
+def regime(
+    cost: Path = typer.Option(..., "--cost", help="A profile directory (evalsuite profile --out)."),
+    run_dirs: list[Path] = typer.Option([], "--run", help="Run directories whose measured acceptance to place on "
+                                                          "the map (repeatable); also validated at batch 1."),
+    out_dir: Path = typer.Option(..., "--out", help="Directory for regime.csv, payoff.csv, concurrency_memory.csv, "
+                                                    "regime_validation.csv, regime.md and the heatmaps."),
+    k: Optional[int] = typer.Option(None, "--k", help="Draft length for τ* (default: the profile's k)."),
+):
+    """Break-even τ, projected speedup, the largest batch that pays, memory-limited streams, validation."""
+    from evalsuite.report.regime import validation_summary, write_regime
+
+    result = write_regime(cost, list(run_dirs), out_dir, k)
+    for note in result.notes:
+        console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
+    if run_dirs:
+        table = Table(title="validation at batch 1: projected vs measured paired speedup")
+        for column in ("task", "method", "context", "measured", "projected", "rel. error", "turns"):
+            table.add_column(column)
+        for row in result.validation.itertuples(index=False):
+            table.add_row(row.task, row.method, f"{row.context_lo}–{row.context_hi}", _fmt(row.speedup_measured),
+                          _fmt(row.speedup_projected), f"{100 * row.rel_error:+.1f} %" if row.rel_error ==
+                          row.rel_error else "-", str(row.turns))
+        out.print(table)
+        console.print(validation_summary(result.validation), highlight=False)
+    console.print(f"{len(result.files)} files in {out_dir}; see {out_dir / 'regime.md'}", highlight=False)
+
+
+@app.command()
+@friendly_errors
+def concurrency(
+    out_dir: Path = typer.Option(..., "--out", help="Directory for concurrency.csv, run.json and the engines' logs."),
+    levels: str = typer.Option("1,4,16", "--concurrency", help="Trajectories kept in flight, e.g. 1,4,16."),
+    engine: str = typer.Option("vllm", help="vllm (continuous batching in vLLM's own engine); our engine (hf) "
+                                            "decodes one stream at a time."),
+    method: str = typer.Option("ngram", "--method", "-m", help="Methods vLLM runs (ar is added as the baseline)."),
+    task: str = typer.Option("gsm8k", "--task", "-t", help="Task name (see `evalsuite tasks`)."),
+    target: str = typer.Option("default", help="Target: 'default' or a local model directory."),
+    drafter: list[str] = typer.Option([], help="METHOD=PATH, repeatable (eagle3's checkpoint)."),
+    k: int = typer.Option(7, "--k", help="Draft tokens per verify step."),
+    temperature: float = typer.Option(0.0, help="0 = greedy."),
+    max_new_tokens: int = typer.Option(64, help="Per turn."),
+    limit: Optional[int] = typer.Option(None, help="Trajectories to run (seeded subset)."),
+    sample_ids: Optional[str] = typer.Option(None, help="Comma-separated sample ids instead of --limit."),
+    max_turns: Optional[int] = typer.Option(None, help="Cap on turns per trajectory."),
+    seed: int = typer.Option(0, help="Subset selection and sampling seed."),
+    device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
+    dtype: Optional[str] = typer.Option(None, help="float32 (default); bfloat16 or float16 on CUDA."),
+    replay: str = typer.Option("auto", help="auto | logged | free: history for later turns."),
+    context_policy: str = typer.Option("stop", help="stop | truncate-left."),
+    data_path: Optional[str] = typer.Option(None, help="Local copy of the task's data (as in `run`)."),
+    subset: Optional[str] = typer.Option(None, help="Task subset (as in `run`)."),
+    method_option: list[str] = typer.Option([], "--method-option", help="METHOD.KEY=VALUE, repeatable."),
+):
+    """Keep N trajectories in flight through vLLM: throughput, per-request ITL P50/P95, speedup vs vLLM's ar."""
+    from evalsuite.concurrency import run_concurrency
+    from evalsuite.config import RunConfig
+    from evalsuite.profile import parse_sizes
+
+    methods = [m.strip() for m in method.split(",") if m.strip()]
+    config = RunConfig(
+        methods=methods, task=task, target=target, drafters=_parse_drafters(drafter, methods), device=device,
+        dtype=dtype, k=k, temperature=temperature, max_new_tokens=max_new_tokens, limit=limit, seed=seed,
+        replay=replay, context_policy=context_policy, max_turns=max_turns, data_path=data_path, subset=subset,
+        method_options=_parse_method_options(method_option), engine=engine,
+        sample_ids=None if sample_ids is None else [s.strip() for s in sample_ids.split(",") if s.strip()],
+        out=str(out_dir))
+    if engine != "vllm":
+        raise UserError(f"--engine {engine}: our engine decodes one stream at a time; keeping requests in flight "
+                        "needs --engine vllm (for our engine's batch costs see `evalsuite profile`)")
+    config.validate()
+    existed = out_dir.exists()
+    try:
+        table = run_concurrency(config, parse_sizes(levels, "concurrency"), out_dir,
+                                log=lambda line: console.print(escape(line), highlight=False, soft_wrap=True))
+    except BaseException:
+        _drop_if_empty(out_dir, existed)
+        raise
+    out.print(table.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    console.print(f"{len(table)} rows → {out_dir / 'concurrency.csv'}", highlight=False)
 
 
 export_app = typer.Typer(no_args_is_help=True, help="Write a stored run's outputs in another tool's format.")

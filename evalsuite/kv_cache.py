@@ -7,7 +7,9 @@ context and then rolls back the rejected tail, so what it needs is:
 
 - `GrowableLayer`: per-layer K/V in `evalsuite.buffers.GrowableBuffer`s `[batch, kv_heads, capacity, head_dim]`,
   allocated once and grown in chunks when a longer context arrives; `update` writes the new block in place and
-  returns *views* of the filled length (no copy); `crop` only moves the length back.
+  returns *views* of the filled length (no copy); `crop` only moves the length back. The engine decodes at
+  batch 1; a batch of equal-length rows works the same way (`TargetModel.forward_batch`, the cost surfaces of
+  `evalsuite.profile`, whose caches `fill_synthetic` fills with random K/V instead of a prefill).
 - `KVCache`: a transformers `Cache` made of those layers, so the Hugging Face modeling code runs unchanged
   (masks, positions, hidden states). Sliding-window layer types keep their full history: the mask, built
   from absolute positions, applies the window, and rollback stays exact.
@@ -98,6 +100,17 @@ class GrowableLayer(DynamicLayer):
     def nbytes(self) -> int:
         return self._k.nbytes + self._v.nbytes
 
+    def fill_synthetic(self, like: torch.Tensor, length: int) -> None:
+        """Hold `length` positions of random K/V in every batch row of `like` ([batch, kv_heads, ·, head_dim],
+        only its shape, dtype and device are used), written in place: no prefill, no temporary copy."""
+        self.reserve(length)
+        if not self.is_initialized:
+            self.lazy_initialization(like, like)
+        self._k.view(length).normal_()
+        self._v.view(length).normal_()
+        self.length = length
+        self.keys, self.values = self._k.view(length), self._v.view(length)
+
 
 class KVCache(Cache):
     """A transformers `Cache` of `GrowableLayer`s, one per decoder layer of `config`."""
@@ -123,6 +136,20 @@ class KVCache(Cache):
 
     def nbytes(self) -> int:
         return sum(layer.nbytes() for layer in self.layers)
+
+    def fill_synthetic(self, config, batch: int, length: int, dtype: torch.dtype, device: torch.device,
+                       room: int = 0) -> None:
+        """`batch` rows of `length` positions of random K/V in every layer, with room for `room` more, as if
+        `batch` contexts of equal length had been prefilled (uniform lengths). For cost surfaces
+        (evalsuite.profile): attention over a context costs the same whatever its values, and a prefill of
+        batch × 128k tokens would cost far more than the forwards being measured."""
+        decoder = config.get_text_config(decoder=True)
+        kv_heads = int(getattr(decoder, "num_key_value_heads", None) or decoder.num_attention_heads)
+        head_dim = int(getattr(decoder, "head_dim", None) or decoder.hidden_size // decoder.num_attention_heads)
+        like = torch.empty(batch, kv_heads, 1, head_dim, dtype=dtype, device=device)
+        for layer in self.layers:
+            layer.reserve(length + room)
+            layer.fill_synthetic(like, length)
 
 
 class DynamicKVCache(DynamicCache):

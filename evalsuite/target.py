@@ -132,7 +132,8 @@ class ForwardOutput:
 
 
 class TargetModel:
-    """A causal LM with a growable, croppable KV cache. Batch size 1."""
+    """A causal LM with a growable, croppable KV cache. The engine decodes at batch 1 (`forward`); `forward_batch`
+    runs equal-length rows for the cost surfaces."""
 
     def __init__(self, model, tokenizer, name: str, model_dir: str, device: torch.device, dtype: torch.dtype,
                  weight_layout: str = "row-major", kv_cache: str = "static", compile: bool = False):
@@ -265,6 +266,18 @@ class TargetModel:
             states = out.hidden_states
             hidden = torch.stack([states[j + 1][0] for j in layer_ids], dim=1)
         return ForwardOutput(logits=logits, hidden=hidden)
+
+    @torch.inference_mode()
+    def forward_batch(self, input_ids: torch.Tensor, cache: KVCache | DynamicKVCache) -> torch.Tensor:
+        """Run `input_ids` ([batch, n] on device) after a cached context of the same length in every row
+        (uniform lengths: no padding); every row of the cache grows by n. Returns the logits [batch, n, V] in
+        float32. Used by the cost surfaces (evalsuite.profile); the engine's decode path is `forward`, batch 1."""
+        decoder = self.model.model
+        if self._compiled_decoder is not None and input_ids.shape[1] <= COMPILED_MAX_BLOCK and \
+                cache.get_seq_length():
+            decoder = self._compiled_decoder
+        out = decoder(input_ids=input_ids, cache=cache, use_cache=True)
+        return self.model.lm_head(out.last_hidden_state).float()
 
     @property
     def embed_tokens(self) -> torch.nn.Embedding:

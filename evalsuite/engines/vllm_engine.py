@@ -113,29 +113,35 @@ class VllmWorker:
         env.pop("PYTHONPATH", None)  # vLLM's venv must not see our packages
         self.proc = subprocess.Popen([python, str(WORKER), json.dumps(config)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._log, text=True, env=env)
+        self._buffer = b""  # protocol bytes read but not yet returned (see `_read`)
         self.ready: dict = {}
 
     def wait_ready(self) -> None:
         self.ready = self._read(START_TIMEOUT_S, "start")
 
     def _read(self, timeout: float, what: str) -> dict:
+        """The next protocol line. Read from the pipe's descriptor into our own buffer: with requests in flight the
+        worker may write several lines at once, which a text-mode file's buffer would hide from `select`."""
         import selectors
 
         sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        sel.register(self.proc.stdout.fileno(), selectors.EVENT_READ)
         deadline = time.monotonic() + timeout
         while True:
+            while b"\n" in self._buffer:
+                line, self._buffer = self._buffer.split(b"\n", 1)
+                if line.strip():
+                    return json.loads(line)
             if not sel.select(timeout=max(deadline - time.monotonic(), 0)):
                 self.close()
                 raise UserError(f"--engine vllm ({self.config['method']}): no answer to {what} within "
                                 f"{timeout:.0f} s; see {self.log_path}")
-            line = self.proc.stdout.readline()
-            if not line:
+            chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
+            if not chunk:
                 self.close()
                 raise UserError(f"--engine vllm ({self.config['method']}): the vLLM process exited during {what} "
                                 f"({self._last_error()}); full log: {self.log_path}")
-            if line.strip():
-                return json.loads(line)
+            self._buffer += chunk
 
     def _last_error(self) -> str:
         try:
@@ -149,6 +155,19 @@ class VllmWorker:
         self.proc.stdin.write(json.dumps({"prompt_ids": prompt_ids, "max_tokens": max_tokens, "seed": seed}) + "\n")
         self.proc.stdin.flush()
         return self._read(START_TIMEOUT_S, "a request")
+
+    def submit(self, request_id: str, prompt_ids: list[int], max_tokens: int, seed: int) -> None:
+        """Add a request to those in flight (answered by `poll` when it finishes)."""
+        self.proc.stdin.write(json.dumps({"op": "add", "id": request_id, "prompt_ids": prompt_ids,
+                                          "max_tokens": max_tokens, "seed": seed}) + "\n")
+        self.proc.stdin.flush()
+
+    def poll(self) -> dict:
+        """The next request in flight to finish (waits for it)."""
+        reply = self._read(START_TIMEOUT_S, "a request in flight")
+        if reply.get("op") != "done":
+            raise RuntimeError(f"vLLM worker ({self.config['method']}): unexpected reply {str(reply)[:200]}")
+        return reply
 
     def describe(self) -> dict:
         return {"method": self.config["method"], "checkpoint": self.config.get("drafter_source"),
@@ -170,9 +189,10 @@ class VllmWorker:
 class VllmEngine(Engine):
     name = "vllm"
 
-    def __init__(self, config, log_dir: Path):
+    def __init__(self, config, log_dir: Path, max_num_seqs: int | None = None):
         self.config = config
         self.log_dir = Path(log_dir)
+        self.max_num_seqs = max_num_seqs  # requests one engine runs together (the worker's default: 4)
         self.enforce_eager = os.environ.get("EVALSUITE_VLLM_EAGER", "1") != "0"
         self.inexact_turns = 0
         self.workers: dict[str, VllmWorker] = {}
@@ -206,6 +226,10 @@ class VllmEngine(Engine):
             "device": "cuda" if cfg.device.startswith("cuda") else "cpu",
             "max_ngram": int(options.get("max_ngram", 3)), "min_ngram": int(options.get("min_ngram", 1)),
         }
+        if self.max_num_seqs:
+            worker_cfg["max_num_seqs"] = int(self.max_num_seqs)
+        if os.environ.get("EVALSUITE_VLLM_KV_GIB"):  # CPU: the KV cache of each engine (default 1 GiB)
+            worker_cfg["kv_cache_gib"] = float(os.environ["EVALSUITE_VLLM_KV_GIB"])
         if name == "eagle3":
             source = drafter_source(name, {"drafter": cfg.drafters.get(name)} if cfg.drafters.get(name) else {})
             if source is None:

@@ -3,7 +3,9 @@
 Run by evalsuite with the vLLM venv's python (`python vllm_worker.py CONFIG_JSON`); it imports nothing of
 evalsuite but the torch-free `vllm_steps`. Protocol: after start-up it writes one `{"ready": ...}` line,
 then answers each request line `{"prompt_ids": [...], "max_tokens": n, "seed": s}` with one result line,
-until stdin closes. Protocol lines go to the original stdout; everything vLLM prints goes to stderr.
+until stdin closes. Lines `{"op": "add", "id": ..., ...}` instead join the requests in flight, which the
+engine steps together (continuous batching, up to `max_num_seqs`); each is answered by a `{"op": "done"}`
+line when it finishes (`evalsuite concurrency`). Protocol lines go to the original stdout; everything vLLM prints goes to stderr.
 
 CPU workarounds (see scripts/setup_vllm.sh for the first): the KV cache is sized by VLLM_CPU_KVCACHE_SPACE
 rather than gpu_memory_utilization, the entry point is guarded (the engine core is spawned), and the
@@ -70,18 +72,14 @@ def main() -> None:
                            int(cfg["max_model_len"]), int(cfg["k"]))
             return len(found) > 0
 
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        req = json.loads(line)
-        params = SamplingParams(
+    def sampling(req: dict) -> SamplingParams:
+        return SamplingParams(
             temperature=float(cfg["temperature"]), top_p=float(cfg["top_p"]),
             top_k=int(cfg["top_k"]) if int(cfg["top_k"]) > 0 else 0, max_tokens=int(req["max_tokens"]),
             seed=int(req["seed"]), stop_token_ids=list(cfg["stop_ids"]), detokenize=False,
         )
-        t0 = time.perf_counter()
-        out = llm.generate([{"prompt_token_ids": req["prompt_ids"]}], params, use_tqdm=False)[0]
-        wall = time.perf_counter() - t0
+
+    def result_of(out, prompt: list[int], wall: float) -> dict:
         completion = out.outputs[0]
         ids = list(completion.token_ids)
         m = out.metrics
@@ -91,14 +89,72 @@ def main() -> None:
                       "last_token_ts": m.last_token_ts, "queued_ts": m.queued_ts}
         sd = completion.spec_decode_metrics.to_dict() if getattr(completion, "spec_decode_metrics", None) else {}
         accepted, drafted = list(sd.get("per_step_accepted", [])), list(sd.get("per_step_drafted", []))
-        prompt = req["prompt_ids"]
         oracle = (lambda pos: would_draft_ngram(prompt + ids[:pos])) if would_draft_ngram else None
         steps, exact = rebuild_steps(len(prompt), len(ids), accepted, drafted, oracle) if spec else \
             rebuild_steps(len(prompt), len(ids), [], [])
-        result = {"output_ids": ids, "finish_reason": completion.finish_reason, "wall_s": wall,
-                  "num_cached_tokens": out.num_cached_tokens, "timing": timing, "spec_decode": sd,
-                  "steps": steps, "steps_exact": exact}
-        proto.write(json.dumps(result) + "\n")
+        return {"output_ids": ids, "finish_reason": completion.finish_reason, "wall_s": wall,
+                "num_cached_tokens": out.num_cached_tokens, "timing": timing, "spec_decode": sd,
+                "steps": steps, "steps_exact": exact}
+
+    # Two kinds of request line: {"prompt_ids", "max_tokens", "seed"} is decoded alone and answered at once (the
+    # runner's turn by turn); {"op": "add", "id", ...} joins the requests in flight, which the engine steps
+    # together, each answered {"op": "done", "id", ...} when it finishes (`evalsuite concurrency`).
+    reader = LineReader(sys.stdin.fileno())
+    in_flight: dict[str, tuple[float, list[int]]] = {}
+    engine = llm.llm_engine
+    while True:
+        lines = reader.ready(block=not in_flight)
+        if lines is None and not in_flight:
+            break
+        for line in lines or []:
+            req = json.loads(line)
+            if req.get("op") == "add":
+                prompt = list(req["prompt_ids"])
+                in_flight[str(req["id"])] = (time.perf_counter(), prompt)
+                engine.add_request(str(req["id"]), {"prompt_token_ids": prompt}, sampling(req))
+                continue
+            t0 = time.perf_counter()
+            out = llm.generate([{"prompt_token_ids": req["prompt_ids"]}], sampling(req), use_tqdm=False)[0]
+            proto.write(json.dumps(result_of(out, req["prompt_ids"], time.perf_counter() - t0)) + "\n")
+        if in_flight:
+            for out in engine.step():
+                if out.finished and out.request_id in in_flight:
+                    added, prompt = in_flight.pop(out.request_id)
+                    done = time.perf_counter()
+                    proto.write(json.dumps({"op": "done", "id": out.request_id, "added": added, "done": done,
+                                            **result_of(out, prompt, done - added)}) + "\n")
+
+
+class LineReader:
+    """Whole lines from a file descriptor, without blocking when asked not to (a text-mode file's own buffer would
+    hide lines from `select`)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.buffer = b""
+        self.closed = False
+
+    def ready(self, block: bool) -> list[str] | None:
+        """The complete lines available now (waiting for one when `block`); None once the input is closed and
+        drained."""
+        import select
+
+        while True:
+            if b"\n" in self.buffer:
+                *lines, self.buffer = self.buffer.split(b"\n")
+                return [x.decode() for x in lines if x.strip()]
+            if self.closed:
+                return None
+            readable, _, _ = select.select([self.fd], [], [], None if block else 0)
+            if not readable:
+                return []
+            chunk = os.read(self.fd, 1 << 16)
+            if chunk:
+                self.buffer += chunk
+                continue
+            self.closed = True
+            if self.buffer.strip():
+                self.buffer += b"\n"
 
 
 if __name__ == "__main__":  # required: vLLM spawns its engine core, which re-imports this module
