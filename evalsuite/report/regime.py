@@ -406,6 +406,14 @@ def write_regime(cost_dir: Path, run_dirs: list[Path], out: Path, k: int | None 
     concurrency = concurrency_table(regime, cost)
     validation = validate(cost, runs) if runs is not None else pd.DataFrame(columns=VALIDATION_COLUMNS)
     notes = check_same_shape(cost, runs) if runs is not None else []
+    if runs is not None and len(runs.turns):
+        decoded = metrics.decoded(runs.turns)
+        decoded = decoded[decoded.method.isin(cost.methods)]
+        lo, hi = min(cost.contexts), max(cost.contexts)
+        outside = int(((decoded.context_len < lo) | (decoded.context_len > hi)).sum())
+        if outside:
+            notes.append(f"{outside} of {len(decoded)} decoded turns start outside the profiled contexts {lo}–{hi} "
+                         "and are not in the validation (profile a wider range to include them)")
     files = []
     for frame, name in ((regime, "regime.csv"), (payoff, "payoff.csv"), (concurrency, "concurrency_memory.csv")):
         frame.to_csv(out / name, index=False)
