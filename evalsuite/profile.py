@@ -724,11 +724,12 @@ def run_profile(out: Path, target: str | None = None, target_shape: str | None =
         raise UserError(f"--k {k}: must be >= 1")
     if warmup < 0 or repeats < 1:
         raise UserError("--warmup must be >= 0 and --repeats >= 1")
+    for spec_text in methods or []:  # names and settings first: a typo costs milliseconds, not a model build
+        name, _, rest = spec_text.partition(":")
+        method_spec(name).parse_options(dict(item.partition("=")[::2] for item in filter(None, rest.split(","))))
     out = Path(out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UserError(f"--out {out}: cannot create it ({err.strerror})") from None
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: exists and is not a directory")
     if threads:
         torch.set_num_threads(threads)
     from evalsuite import contention
@@ -742,6 +743,10 @@ def run_profile(out: Path, target: str | None = None, target_shape: str | None =
         log(f"note: contexts {over} exceed the shape's window of {window} tokens; measured anyway (cost only)")
     budget = Budget(model.device, parse_bytes(memory_budget) if memory_budget else None)
     built = build_drafters(model, list(methods or []), dict(drafters or {}), method_options)
+    try:  # only now: a profile that fails before measuring leaves no directory behind
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"--out {out}: cannot create it ({err.strerror})") from None
     device_label = _device_label(model.device)
     label = {"device": device_label, "target": _target_label(model, target_shape), "dtype": str(model.dtype)
              .replace("torch.", "")}

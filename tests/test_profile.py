@@ -167,3 +167,17 @@ def test_sizes_and_shapes_parse():
         shape_config("qwen9-999b")
     with pytest.raises(UserError, match="--k"):
         run_profile("unused", target_shape="tiny", k=0)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--target-shape", "tiny", "--method", "foo"], "unknown method 'foo'"),
+    (["--target-shape", "tiny", "--batch", "0"], "sizes must be >= 1"),
+    (["--target-shape", "nope"], "not a named shape"),
+    (["--target-shape", "tiny", "--target", "default"], "not both"),
+    (["--target-shape", "tiny", "--memory-budget", "lots"], "write a size"),
+])
+def test_bad_profile_inputs_are_one_line_and_leave_no_directory(tmp_path, args, message):
+    out = tmp_path / "never"
+    result = CliRunner().invoke(app, ["profile", *args, "--out", str(out)])
+    assert result.exit_code == 2 and message in result.output and len(result.output.strip().splitlines()) == 1
+    assert not out.exists()

@@ -140,7 +140,7 @@ def load_cost(path: Path | str) -> CostSurface:
     return CostSurface(path, pd.read_parquet(files[0]), pd.read_parquet(files[1]), run, k)
 
 
-def interp_log(x: np.ndarray, y: np.ndarray, at: np.ndarray) -> np.ndarray:
+def interp_context(x: np.ndarray, y: np.ndarray, at: np.ndarray) -> np.ndarray:
     """Piecewise linear in the context between measured points, extended linearly beyond them (costs grow about
     linearly with the context); one point is a constant."""
     ok = ~np.isnan(y)
@@ -337,8 +337,8 @@ def validate(cost: CostSurface, runs: RunSteps, edges: list[int] | None = None) 
                 bin_steps = steps.merge(wanted, on=keys, how="inner")
                 measured = metrics.speedup(paired)
                 projected = projected_speedup(
-                    bin_steps, lambda c: interp_log(xs, ys, c),
-                    lambda b, c: interp_log(*cost.target_curve(1, b), c), lambda c: interp_log(xd, yd, c))
+                    bin_steps, lambda c: interp_context(xs, ys, c),
+                    lambda b, c: interp_context(*cost.target_curve(1, b), c), lambda c: interp_context(xd, yd, c))
                 rows.append({"task": task, "method": method, "context_lo": lo, "context_hi": hi,
                              "speedup_measured": measured, "speedup_projected": projected,
                              "rel_error": (projected - measured) / measured if measured else float("nan"),
@@ -396,6 +396,10 @@ class RegimeResult:
 
 def write_regime(cost_dir: Path, run_dirs: list[Path], out: Path, k: int | None = None) -> RegimeResult:
     cost = load_cost(cost_dir)
+    blocks = sorted(int(b) for b in cost.target.block.unique()) if len(cost.target) else []
+    if k is not None and (k < 1 or k + 1 not in blocks):
+        raise UserError(f"--k {k}: the profile measured verify blocks {blocks}; τ* for k needs block k+1 "
+                        f"(profile again with --k {k})")
     runs = load_runs(run_dirs) if run_dirs else None
     try:
         out.mkdir(parents=True, exist_ok=True)
