@@ -8,7 +8,8 @@ What differs is only the schedule and what is recorded: instead of one turn at a
 flight at once. A trajectory's next turn is submitted when its previous turn finishes (its history then holds that
 reply, or the logged one, as the replay mode says), and a new trajectory is admitted when one ends, so each vLLM
 engine batches up to `level` requests continuously. The same trajectories, turns and seeds run for every
-(method, level). The result is one table, `concurrency.csv`, one row per (method, level), and a run.json.
+(method, level), each starting with an empty prefix cache (a level must not find the previous level's prompts
+cached; within a measurement the cache works as in serving, across a trajectory's turns). The result is one table, `concurrency.csv`, one row per (method, level), and a run.json.
 
 Per row: output tokens and the wall time from the first request to the last (`throughput_tok_s`; the drain at
 the end, when fewer than `level` trajectories are left, is included); per request the mean inter-token latency
@@ -73,6 +74,7 @@ def run_concurrency(config: RunConfig, levels: list[int], out_dir: Path,
         table.to_csv(out_dir / "concurrency.csv", index=False)
         described = runner.describe()
         described.update(kind="concurrency", concurrency_levels=sorted(levels), max_num_seqs=max(levels),
+                         prefix_cache="on within a measurement; emptied before every (method, level)",
                          columns={"itl": "per request: (last − first token) ÷ (tokens − 1), engine-core clock; "
                                          "P50/P95 over requests", "throughput": "output tokens ÷ wall time from "
                                          "the first request to the last (drain included)",
@@ -126,6 +128,8 @@ def sweep(runner: Runner, method: str, level: int, warm_only: list[int] | None =
                                           cfg.max_turns)
             submit_turn(index, 0)
 
+    if not worker.reset_prefix_cache():  # the same prompts ran at the previous level: start every level cold
+        raise RuntimeError(f"vLLM ({method}) did not empty its prefix cache; levels would not be comparable")
     started = time.perf_counter()
     admit()
     while active:

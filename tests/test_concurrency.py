@@ -50,6 +50,7 @@ def test_concurrency_sweep_writes_one_row_per_method_and_level(tmp_path):
     assert (table[table.method == "ngram"].tau >= 1.0).all()
     run = json.loads((out / "run.json").read_text())
     assert run["kind"] == "concurrency" and run["concurrency_levels"] == [1, 2] and run["engine"] == "vllm"
+    assert "emptied before every" in run["prefix_cache"]
     assert not (out / "turns.parquet").exists()  # its own table, not a run's
 
 

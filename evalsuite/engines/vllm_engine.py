@@ -162,6 +162,12 @@ class VllmWorker:
                                           "max_tokens": max_tokens, "seed": seed}) + "\n")
         self.proc.stdin.flush()
 
+    def reset_prefix_cache(self) -> bool:
+        """Empty the engine's prefix cache (nothing may be in flight); True when vLLM did."""
+        self.proc.stdin.write(json.dumps({"op": "reset"}) + "\n")
+        self.proc.stdin.flush()
+        return bool(self._read(START_TIMEOUT_S, "a prefix-cache reset").get("ok"))
+
     def poll(self) -> dict:
         """The next request in flight to finish (waits for it)."""
         reply = self._read(START_TIMEOUT_S, "a request in flight")

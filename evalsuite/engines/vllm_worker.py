@@ -5,7 +5,8 @@ evalsuite but the torch-free `vllm_steps`. Protocol: after start-up it writes on
 then answers each request line `{"prompt_ids": [...], "max_tokens": n, "seed": s}` with one result line,
 until stdin closes. Lines `{"op": "add", "id": ..., ...}` instead join the requests in flight, which the
 engine steps together (continuous batching, up to `max_num_seqs`); each is answered by a `{"op": "done"}`
-line when it finishes (`evalsuite concurrency`). Protocol lines go to the original stdout; everything vLLM prints goes to stderr.
+line when it finishes, and `{"op": "reset"}` empties the prefix cache between measurements (`evalsuite
+concurrency`). Protocol lines go to the original stdout; everything vLLM prints goes to stderr.
 
 CPU workarounds (see scripts/setup_vllm.sh for the first): the KV cache is sized by VLLM_CPU_KVCACHE_SPACE
 rather than gpu_memory_utilization, the entry point is guarded (the engine core is spawned), and the
@@ -108,6 +109,10 @@ def main() -> None:
             break
         for line in lines or []:
             req = json.loads(line)
+            if req.get("op") == "reset":  # between measurements: no request may find another's prefix cached
+                ok = bool(llm.reset_prefix_cache()) if not in_flight else False
+                proto.write(json.dumps({"op": "reset", "ok": ok}) + "\n")
+                continue
             if req.get("op") == "add":
                 prompt = list(req["prompt_ids"])
                 in_flight[str(req["id"])] = (time.perf_counter(), prompt)
