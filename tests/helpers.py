@@ -3,7 +3,7 @@ DSpark), one-turn decoding with test methods (random, oracle), the draft-cache r
 directories with known values for the report, and reading a run's tables.
 
 The synthetic checkpoints spell out the released config.json keys and safetensors key names and shapes
-independently of the implementation (methods.md §1.2, §3.2, §4.2), scaled down to the tiny targets. Weights are
+independently of the implementation (docs/methods.md §1.2, §3.2, §4.2), scaled down to the tiny targets. Weights are
 random, stored in bfloat16 like the releases, large enough that the drafters' outputs are far from uniform.
 """
 
