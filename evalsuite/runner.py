@@ -27,7 +27,7 @@ from evalsuite.errors import UserError
 from evalsuite.records import TurnKey, TurnRecord, step_records, turn_record
 from evalsuite.replay import ContextPolicy, MethodReplay, Window, check_replay_mode, make_policy
 from evalsuite.store import RunStore, read_run
-from evalsuite.tasks.base import LoadOptions, Trajectory, get_task, select_samples
+from evalsuite.tasks.base import LoadOptions, Trajectory, get_task, replay_source, select_samples
 
 WARMUP_PROMPT = [{"role": "user", "content": "Warmup."}]
 
@@ -98,6 +98,7 @@ class Runner:
             "run_id": self.run_id,
             "engine": self.engine.name,
             "replay": self.replay,
+            "replay_source": replay_source(self.trajectories, self.replay),
             **engine,
             "task_licence": self.task.licence,
             "task_source": self.task.source,
@@ -163,6 +164,7 @@ class Runner:
         replays = {name: MethodReplay(trajectory, self.replay, self.policy, self._render(trajectory),
                                       self.config.max_turns) for name in methods}
         stored = {name: {row.turn: row for row in self.stored.get((name, sample), [])} for name in methods}
+        earlier = {name: [] for name in methods}  # (turn, output ids) per method so far: the degenerate check
         self.engine.begin_trajectory()
         turn = 0
         while any(replay.has_turn(turn) for replay in replays.values()):
@@ -184,12 +186,15 @@ class Runner:
                     continue
                 result = self.engine.decode(name, context.ids, turn_seed(self.config.seed, sample, turn))
                 replays[name].record_reply(turn, self.chat.decode(result.output_ids))
-                records[name] = turn_record(key, **common, last=False, result=result)
+                records[name] = turn_record(key, **common, last=False, result=result, earlier=earlier[name])
+                earlier[name].append((turn, list(result.output_ids)))
                 steps[name] = step_records(key, result, self.engine.name)
             for name in methods:
                 if name not in decode:  # stored: continue its history from the stored reply
                     row = stored[name].get(turn)
                     replays[name].replay_stored(turn, self._stored_text(row))
+                    if row is not None and row.output_ids is not None:
+                        earlier[name].append((turn, list(row.output_ids)))
             records = metrics.pair_turns(records)
             kept = [records[m] for m in wanted]
             for record in kept:

@@ -88,6 +88,26 @@ def get_task(name: str) -> TaskInfo:
     return TASKS[name]
 
 
+def replay_source(trajectories: list[Trajectory], replay: str) -> str:
+    """Where the replies in each turn's context come from, in words (run.json's `replay_source`): under `logged`, the
+    authors named by the trajectories' `meta["logged_by"]` (e.g. "logged replies of google/gemini-3-pro-preview
+    (mini-swe-agent)"), else "logged replies from the task data"; under `free`, the method's own replies."""
+    multi_turn = any(len(t.turns) > 1 for t in trajectories)
+    if not multi_turn:
+        return "single-turn samples: no earlier replies in any context"
+    if replay != "logged":
+        return "each method's own earlier replies"
+    authors = list(dict.fromkeys(str(t.meta["logged_by"]) for t in trajectories
+                                 if t.has_logged_replies and t.meta.get("logged_by")))
+    unknown = any(t.has_logged_replies and not t.meta.get("logged_by") for t in trajectories)
+    text = "logged replies of " + "; ".join(authors) if authors else "logged replies from the task data"
+    if authors and unknown:
+        text += " (and of unnamed authors in some samples)"
+    if any(not t.has_logged_replies and len(t.turns) > 1 for t in trajectories):
+        text += "; samples without logged replies continue with the method's own"
+    return text
+
+
 def seeded_subset(items: list, limit: int | None, seed: int) -> list:
     """Deterministic subset: shuffle a copy with random.Random(seed) (as the DLite/z-lab scripts do), take `limit`."""
     if limit is None or limit >= len(items):

@@ -153,5 +153,6 @@ def load(options: LoadOptions) -> list[Trajectory]:
                                         for c in calls]}
             turns.append(Turn(new_messages=[dict(m) for m in messages], logged_reply=reply))
         trajectories.append(Trajectory(sample_id, turns, tools=[bfcl_tool(d) for d in docs],
-                                       meta={"involved_classes": classes}))
+                                       meta={"involved_classes": classes,
+                                             "logged_by": "BFCL's ground-truth calls (possible_answer)"}))
     return seeded_subset(trajectories, options.limit, options.seed)

@@ -53,9 +53,12 @@ def trajectory_from_file(path: Path) -> Trajectory:
     name = path.name.removesuffix(".json").removesuffix(".traj")
     instance = document.get("instance_id") or name
     info = document.get("info") or {}
+    model = ((info.get("config") or {}).get("model") or {}).get("model_name") if isinstance(info, dict) else None
+    agent = "mini-swe-agent" if "messages" in document else "SWE-agent"
     return conversation_trajectory(f"swebench-{instance}", messages, str(path), trailing_turn=False,
                                    meta={"exit_status": info.get("exit_status"),
-                                         "format": document.get("trajectory_format", "swe-agent")})
+                                         "format": document.get("trajectory_format", "swe-agent"),
+                                         "logged_by": f"{model} ({agent})" if model else None})
 
 
 def _single_turn(rows: list[tuple[str, dict]]) -> list[Trajectory]:
