@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -126,7 +127,8 @@ def run(
                                  "(compiled during the warm-up; recorded)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Run directory (default results/<run_id>)."),
     resume: bool = typer.Option(False, help="Skip (method, sample) pairs already finished in --out."),
-    replay: str = typer.Option("auto", help="auto | logged | free: history for later turns."),
+    replay: str = typer.Option("auto", help="auto | logged | free | closed: history for later turns (closed: "
+                               "BFCL-v3 with the target's own tool calls executed; needs the bfcl extra)."),
     context_policy: str = typer.Option("stop", help="stop | truncate-left, when a context reaches the target maximum."),
     max_turns: Optional[int] = typer.Option(None, help="Cap on turns per trajectory."),
     enable_thinking: bool = typer.Option(False, help="Passed to the chat template and recorded."),
@@ -134,6 +136,10 @@ def run(
                                              "format, or 'hub' (or an owner/name id) for the Hugging Face copy."),
     subset: Optional[str] = typer.Option(None, help="Task subset (e.g. LongBench v2 domain); only for "
                                           "tasks that have subsets (docs/tasks.md)."),
+    data_format: Optional[str] = typer.Option(None, "--format", help="Trajectory format of --data-path (swebench): "
+                                               "auto (detected, the default), mini-swe-agent, swe-agent, openhands, "
+                                               "nebius-swe-agent, swe-gym-openhands, swe-rebench-openhands, "
+                                               "swebench-instances, swebench-prompts (docs/swebench.md)."),
     warmup: bool = typer.Option(True, help="Untimed warm-up decode before recording."),
     repeats: int = typer.Option(1, help="Decode each turn N times from the same seed and keep the median time."),
     method_option: list[str] = typer.Option([], "--method-option", help="METHOD.KEY=VALUE, repeatable: a method "
@@ -150,8 +156,8 @@ def run(
                                           "decoding in its own venv: ar, ngram, eagle3; see README)."),
     sample_ids: Optional[str] = typer.Option(None, help="Comma-separated sample ids to run, in this order "
                                              "(instead of a seeded --limit subset)."),
-    threads: Optional[int] = typer.Option(None, help="torch threads (default: torch's choice); recorded, and a "
-                                          "drift field for --resume."),
+    threads: str = typer.Option("auto", help="torch threads, or auto: the cores other processes leave free "
+                                "(measured before the run); recorded, and a drift field for --resume."),
 ):
     """Replay a task through the target with the given methods; write per-step records and a summary."""
     from evalsuite.config import RunConfig
@@ -162,7 +168,7 @@ def run(
         dtype=dtype, weight_layout=weight_layout, kv_cache=kv_cache, compile=compile, k=k, temperature=temperature,
         top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, limit=limit, seed=seed, resume=resume,
         replay=replay, context_policy=context_policy, max_turns=max_turns, enable_thinking=enable_thinking,
-        data_path=data_path, subset=subset, warmup=warmup, repeats=repeats,
+        data_path=data_path, subset=subset, format=data_format, warmup=warmup, repeats=repeats,
         method_options=_parse_method_options(method_option), engine=engine,
         sample_ids=None if sample_ids is None else [s.strip() for s in sample_ids.split(",") if s.strip()],
         threads=threads, workers=workers, ray_address=ray_address, gpus_per_worker=gpus_per_worker,
@@ -172,10 +178,19 @@ def run(
     run_dir = out_dir or Path("results") / run_id
     config.out = str(run_dir)
     config.validate()  # every check before any heavy import: a typo costs milliseconds
-    if config.uses_ray:
-        _run_on_ray(config, run_dir)
-        return _print_summary(run_dir, run_id)
+    existed = run_dir.exists()
+    try:
+        if config.uses_ray:
+            _run_on_ray(config, run_dir)
+        else:
+            _run_here(config, run_dir, task, k, temperature)
+    except BaseException:
+        _drop_if_empty(run_dir, existed)  # a run that failed before its first turn leaves no directory
+        raise
+    _print_summary(run_dir, run_id)
 
+
+def _run_here(config, run_dir: Path, task: str, k: int, temperature: float) -> None:
     from transformers.utils import logging as hf_logging
 
     from evalsuite.plan import make_plan
@@ -185,41 +200,67 @@ def run(
     hf_logging.disable_progress_bar()  # our own status line and bar; errors stay one line
     runner = Runner(config, run_dir)
     try:
-        with console.status("loading target, methods and data…"):
+        with console.status("measuring the machine's load, loading target, methods and data…"):
             runner.load()
-        plan = make_plan(runner)
-        console.print(f"[bold]{runner.chat.name}[/] · task {task} · k={k} T={temperature} · {run_dir}")
+        warning = runner.contention.warning(runner.config.threads)
+        with console.status("warm-up, and measuring this target's costs for the estimate…"):
+            costs = runner.warm_up()
+            plan = make_plan(runner, costs)
+        console.print(f"[bold]{runner.chat.name}[/] · task {task} · k={k} T={temperature} · "
+                      f"{runner.config.threads} threads · {run_dir}", highlight=False)
+        if warning:
+            console.print(f"[yellow]{escape(warning)}[/]", highlight=False, soft_wrap=True)
         console.print(plan.describe(), highlight=False, soft_wrap=True)
-        bar_columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                       TextColumn("ETA"), TimeRemainingColumn(),
+        if plan.advice():
+            console.print(f"[yellow]{escape(plan.advice())}[/]", highlight=False, soft_wrap=True)
+        bar_columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[turns]}"),
+                       TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
                        TextColumn("τ {task.fields[tau]}  {task.fields[tps]} tok/s  ×{task.fields[speedup]}")]
         with Progress(*bar_columns, console=console, transient=False) as bar:
-            handle = bar.add_task("turns", total=plan.decodes, tau="-", tps="-", speedup="-")
+            handle = bar.add_task("decoding", total=plan.tokens, tau="-", tps="-", speedup="-",
+                                  turns=f"0/{plan.decodes} decodes")
+            done = [0]
 
             def update(info: dict) -> None:
-                bar.update(handle, advance=1, description=f"{info['method']:>7} {info['sample']} t{info['turn']}",
-                           tau=_fmt(info["tau"]), tps=_fmt(info["tokens_per_s"], 1), speedup=_fmt(info["speedup"]))
+                done[0] += 1
+                bar.update(handle, description=f"{info['method']:>7} {info['sample']} t{info['turn']}",
+                           tau=_fmt(info["tau"]), tps=_fmt(info["tokens_per_s"], 1), speedup=_fmt(info["speedup"]),
+                           turns=f"{done[0]}/{plan.decodes} decodes")
 
-            runner.run(RunProgress(total=plan.decodes, update=update))
+            runner.run(RunProgress(total=plan.tokens, update=update,
+                                   step=lambda tokens: bar.update(handle, advance=tokens)))
     except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted: finished turns are saved in {escape(str(run_dir))}; continue with[/]\n"
-                      f"{escape(resume_command(sys.argv[1:], run_dir))}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]interrupted: every finished turn is saved in {escape(str(run_dir))}; continue "
+                      f"with[/]\n{escape(resume_command(sys.argv[1:], run_dir))}", highlight=False, soft_wrap=True)
         raise typer.Exit(130)
     finally:
         runner.engine.close()
-    _print_summary(run_dir, run_id)
+
+
+def _drop_if_empty(run_dir: Path, existed: bool) -> None:
+    """Remove a run directory this invocation created and left without a stored turn."""
+    import shutil
+
+    if existed or not run_dir.is_dir():
+        return
+    if not any(p.is_file() and not p.name.startswith(".") for p in run_dir.glob("turns.parquet/*.parquet")):
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _print_summary(run_dir: Path, run_id: str) -> None:
-    from evalsuite.report.summary import summary_rows
+    from evalsuite.report.summary import contention_line, summary_rows
 
     rows = summary_rows(run_dir)
-    table = Table(title=f"{run_id}: τ pooled over verify steps, bonus included; speedup = paired AR/method decode time per token, pooled")
+    table = Table(title=f"{run_id}: τ pooled over verify steps, bonus included; speedup = paired AR/method decode "
+                        "time per token, pooled")
     for column in rows[0].keys() if rows else []:
         table.add_column(column, justify="right" if column != "method" else "left")
     for row in rows:
         table.add_row(*[_fmt(v) if isinstance(v, float) else str(v) for v in row.values()])
     out.print(table)
+    line = contention_line(run_dir)
+    if line:
+        console.print(f"[yellow]{escape(line)}[/]", highlight=False, soft_wrap=True)
     console.print(f"records: {run_dir}/steps.parquet, {run_dir}/turns.parquet, {run_dir}/run.json")
 
 
@@ -373,6 +414,36 @@ def compare(
         console.print(f"written: {out_dir}/compare_turns.csv, {out_dir}/compare.md")
 
 
+export_app = typer.Typer(no_args_is_help=True, help="Write a stored run's outputs in another tool's format.")
+app.add_typer(export_app, name="export")
+
+
+@export_app.command("swebench")
+@friendly_errors
+def export_swebench(
+    run_dir: Path = typer.Argument(..., help="A --task swebench run directory.", show_default=False),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Where to write METHOD/predictions.jsonl (default "
+                                                               "RUN_DIR/swebench-predictions)."),
+    tokenizer: Optional[str] = typer.Option(None, help="The target's directory (tokenizer and template only), when "
+                                                       "the run's target_path is not on this machine."),
+    model_name: Optional[str] = typer.Option(None, help="model_name_or_path prefix (default evalsuite__RUN_ID); "
+                                                        "the method is appended."),
+):
+    """SWE-bench predictions (instance_id, model_name_or_path, model_patch) from the target's own replies, one
+    predictions.jsonl per method, for `python -m swebench.harness.run_evaluation` (docs/swebench.md)."""
+    from evalsuite.swebench_export import export_predictions
+
+    for export in export_predictions(run_dir, out_dir, tokenizer, model_name):
+        notes = []
+        if export.skipped_turns:
+            notes.append(f"{len(export.skipped_turns)} skipped turns left out")
+        if export.agent_samples:
+            notes.append(f"{export.agent_samples} multi-turn agent trajectories left out (their replies are actions, "
+                         "not patches)")
+        console.print(f"{export.method}: {export.written} predictions → {export.path}"
+                      + (f" ({'; '.join(notes)})" if notes else ""), highlight=False, soft_wrap=True)
+
+
 @app.command()
 @friendly_errors
 def compact(
@@ -387,6 +458,27 @@ def compact(
         rows = len(read_run(run_dir).turns)
         merged = RunStore(run_dir).compact()
         console.print(f"{run_dir}: {merged} parts merged into one file per table ({rows} turn rows)")
+
+
+@app.command()
+@friendly_errors
+def label(
+    run_dir: Path = typer.Argument(..., help="A run directory written by `evalsuite run --out`.", show_default=False),
+    threshold: int = typer.Option(8, help="Copy threshold in tokens: a position is copied when the tokens ending "
+                                          "there match this many or more earlier ones (recorded)."),
+    target: Optional[str] = typer.Option(None, help="Read the tokenizer from this model directory instead of the "
+                                                    "run's recorded target (it must hash the same)."),
+):
+    """Span labels (kind, copy length) for the decoded turns of a stored run that have none (docs/spans.md)."""
+    from evalsuite.labelling import label_run
+
+    with console.status("labelling…") as status:
+        summary = label_run(run_dir, threshold, target=target,
+                            progress=lambda sample: status.update(f"labelling {sample}…"))
+    for line in summary.notes + [f"skipped: {reason}" for reason in summary.skip_reasons[:10]]:
+        console.print(f"[yellow]note:[/] {escape(line)}", highlight=False, soft_wrap=True)
+    console.print(f"{summary.turns_labelled} turns labelled, {summary.turns_skipped} skipped, "
+                  f"{summary.turns_already_labelled} already labelled; {run_dir}/spans.parquet", highlight=False)
 
 
 @app.command()
@@ -482,11 +574,15 @@ def _fmt(value, digits: int = 2) -> str:
 
 
 def main() -> None:
-    """The `evalsuite` entry point: usage errors (a bad option value, an unknown option) are one line too."""
+    """The `evalsuite` entry point: usage errors (a bad option value, an unknown option) are one line; so is any
+    unexpected error, whose traceback goes to a log file (or to the terminal with EVALSUITE_DEBUG=1)."""
+    from typer import exceptions as typer_errors
+
     try:
         from typer._click import exceptions as click_errors  # recent typer vendors click
     except ImportError:
         from click import exceptions as click_errors
+    abort = getattr(typer_errors, "Abort", None) or getattr(click_errors, "Abort", KeyboardInterrupt)
 
     try:
         code = app(standalone_mode=False)
@@ -499,13 +595,35 @@ def main() -> None:
         console.print(f"[bold red]error:[/] {escape(message)} (see {command} --help)", highlight=False,
                       soft_wrap=True)
         sys.exit(2)
-    except click_errors.Abort:
+    except abort:
         console.print("aborted")
         sys.exit(130)
     except UserError as err:  # errors raised outside a command body (option callbacks)
         console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
         sys.exit(2)
+    except Exception as err:  # a bug or an environment problem: its own message, in one line
+        if os.environ.get("EVALSUITE_DEBUG"):
+            raise
+        log = _write_traceback()
+        cause = " ".join(str(err).split()) or "(no message)"
+        console.print(f"[bold red]error:[/] unexpected {type(err).__name__}: {escape(cause[:500])} (traceback: "
+                      f"{escape(str(log))}; EVALSUITE_DEBUG=1 prints it here)", highlight=False, soft_wrap=True)
+        sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _write_traceback() -> Path:
+    import traceback
+
+    from platformdirs import user_cache_dir
+
+    path = Path(os.environ.get("EVALSUITE_CACHE", user_cache_dir("evalsuite"))) / "last-error.txt"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"evalsuite {' '.join(sys.argv[1:])}\n\n{traceback.format_exc()}")
+    except OSError:
+        pass
+    return path
 
 
 if __name__ == "__main__":

@@ -107,39 +107,14 @@ def load_pair(run_a: Path, run_b: Path) -> tuple[RunTables, RunTables, str, str]
 
 
 def turn_contexts(run_dir: Path, chat, keys: set[tuple[str, str, int]]) -> dict[tuple[str, str, int], list[int]]:
-    """The token ids each (method, sample, turn) of a stored run saw, rebuilt as the runner built them: the task's
-    trajectories, the run's replay mode and context policy, the target's template (`chat`, no weights needed), and
-    in free replay that run's own stored outputs (`MethodReplay.replay_stored`)."""
-    from evalsuite.replay import MethodReplay, Window, make_policy
-    from evalsuite.tasks.base import LoadOptions, get_task, select_samples
+    """The token ids each turn of the (method, sample) pairs in `keys` saw, rebuilt as the runner built them
+    (`replay.stored_contexts`: the task's data, the run's replay and context policy, the target's template from
+    `chat`, no weights needed, and the run's own stored replies)."""
+    from evalsuite.replay import stored_contexts
 
     tables = read_run(run_dir)
-    config = tables.config or {}
-    task = get_task(config["task"])
-    trajectories = task.load(LoadOptions(config.get("limit"), config.get("seed", 0), config.get("data_path"),
-                                         config.get("subset")))
-    if config.get("sample_ids"):
-        trajectories = select_samples(trajectories, config["sample_ids"], config["task"])
-    by_id = {t.sample_id: t for t in trajectories}
-    replay_mode = config.get("replay") or task.default_replay
-    policy = make_policy(config.get("context_policy", "stop"),
-                         Window(chat.max_context, config.get("max_new_tokens", 256), config.get("k", 7)))
-    rows = {(r.method, r.sample_id, r.turn): r for r in tables.turns.itertuples(index=False)}
-    found = {}
-    for method, sample in sorted({(m, s) for m, s, _ in keys}):
-        trajectory = by_id.get(sample)
-        if trajectory is None:
-            continue
-        render = (lambda messages, tools=trajectory.tools:
-                  chat.render(messages, tools, bool(config.get("enable_thinking"))))
-        replay = MethodReplay(trajectory, replay_mode, policy, render, config.get("max_turns"))
-        index = 0
-        while replay.has_turn(index):
-            row = rows.get((method, sample, index))
-            text = chat.decode(list(row.output_ids)) if row is not None and row.stop_reason != SKIPPED else None
-            found[(method, sample, index)] = replay.replay_stored(index, text).ids
-            index += 1
-    return found
+    contexts = stored_contexts(tables.config or {}, tables.turns, chat, {(m, s) for m, s, _ in keys})
+    return {key: context.ids for key, context in contexts.items()}
 
 
 def divergence_margins(both: pd.DataFrame, run_dir: Path, label_ref: str, target_spec: str,

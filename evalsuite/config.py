@@ -22,7 +22,10 @@ from evalsuite.catalog import METHODS, method_spec, suggest
 from evalsuite.conventions import BASELINE
 from evalsuite.errors import UserError
 
-REPLAY_MODES = ("auto", "logged", "free")
+REPLAY_MODES = ("auto", "logged", "free", "closed")  # closed: BFCL-v3, executed tools (evalsuite/tools/bfcl_loop.py)
+CLOSED_TASK = "bfcl-v3"
+BFCL_INSTALL_HINT = ("pip install 'evalsuite[bfcl]' && pip install --no-deps bfcl-eval==2026.3.23 "
+                     "(--no-deps: bfcl-eval pins numpy==1.26.4)")
 CONTEXT_POLICIES = ("stop", "truncate-left")
 ENGINES = ("hf", "vllm")
 WEIGHT_LAYOUTS = ("auto", "row-major", "column-major", "column-major+onednn")
@@ -57,12 +60,14 @@ class RunConfig:
     enable_thinking: bool = False
     data_path: str | None = None
     subset: str | None = None
+    format: str | None = None  # --format: the trajectory format of --data-path (swebench); None = detected
     warmup: bool = True
     repeats: int = 1  # each turn is decoded this many times from the same seed; the median is kept
     method_options: dict[str, dict] = field(default_factory=dict)  # method → {setting: value} (evalsuite.catalog)
     engine: str = "hf"  # hf (ours) | vllm (evalsuite/engines/vllm_engine.py)
     sample_ids: list[str] | None = None  # exact samples to run (instead of a seeded --limit subset)
-    threads: int | None = None  # torch intra-op threads (None: torch's default); the count used is recorded
+    threads: int | str | None = "auto"  # torch intra-op threads: "auto" = the cores other processes leave free
+    # (evalsuite.contention); the count used is recorded and is a drift field
     workers: int = 1  # Ray worker actors (1 = this process, no Ray)
     ray_address: str | None = None  # join this Ray cluster (implies the Ray path)
     gpus_per_worker: float | None = None  # None: 1 with --device cuda, 0 on cpu
@@ -76,6 +81,8 @@ class RunConfig:
         self._check_methods()
         self._check_samples()
         self._check_engine()
+        self._check_data_format()
+        self._check_closed_loop()
 
     def _check_numbers(self) -> None:
         if not 1 <= self.k <= 64:
@@ -94,8 +101,13 @@ class RunConfig:
             raise UserError(f"--max-turns {self.max_turns}: must be >= 1")
         if not 1 <= self.repeats <= 100:
             raise UserError(f"--repeats {self.repeats}: must be between 1 and 100")
-        if self.threads is not None and self.threads < 1:
-            raise UserError(f"--threads {self.threads}: must be >= 1")
+        if self.threads not in (None, "auto"):
+            try:
+                self.threads = int(self.threads)
+            except (TypeError, ValueError):
+                raise UserError(f"--threads {self.threads}: a number of threads, or auto") from None
+            if self.threads < 1:
+                raise UserError(f"--threads {self.threads}: must be >= 1")
         if self.workers < 1:
             raise UserError(f"--workers {self.workers}: must be >= 1")
         if self.gpus_per_worker is not None and self.gpus_per_worker < 0:
@@ -178,6 +190,29 @@ class RunConfig:
                 raise UserError(f"--engine vllm: method '{name}' is not available ({METHODS[name].not_in_vllm}); "
                                 f"vLLM runs {runs} (suffix needs arctic-inference in vLLM's venv)")
 
+    def _check_data_format(self) -> None:
+        if self.format in (None, "auto"):
+            self.format = None
+            return
+        from evalsuite.tasks._trajectory_formats import check_format_name
+        from evalsuite.tasks.base import get_task
+
+        if not get_task(self.task).formats:
+            raise UserError(f"--format {self.format}: task {self.task} reads one format; --format is for --task "
+                            "swebench trajectories")
+        check_format_name(self.format)
+
+    def _check_closed_loop(self) -> None:
+        if self.replay != "closed":
+            return
+        if self.task != CLOSED_TASK:
+            raise UserError(f"--replay closed runs BFCL-v3's executed tools: use --task {CLOSED_TASK} "
+                            f"(not {self.task})")
+        import importlib.util
+
+        if importlib.util.find_spec("bfcl_eval") is None:
+            raise UserError(f"--replay closed needs bfcl-eval's simulated tool backends: {BFCL_INSTALL_HINT}")
+
     @property
     def uses_ray(self) -> bool:
         return self.workers > 1 or bool(self.ray_address)
@@ -196,7 +231,7 @@ class RunConfig:
 DRIFT_FIELDS = ("target_sha256", "chat_template_sha256", "tokenizer_sha256", "enable_thinking", "temperature",
                 "top_p", "top_k", "k", "max_new_tokens", "seed", "task", "subset", "data_sha256", "sample_ids",
                 "max_turns", "replay", "context_policy", "dtype", "weight_layout", "kv_cache", "compile", "threads",
-                "engine", "repeats")
+                "engine", "repeats", "format")
 # Per-method drift fields ({method: value}): compared for the methods two runs share (a resume may add methods).
 PER_METHOD_DRIFT_FIELDS = ("drafter_sha256", "method_options")
 

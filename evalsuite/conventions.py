@@ -22,6 +22,10 @@ POSITION = ("position j: marginal = P(draft positions 1..j all accepted) over ev
             "token (sum of accepted / sum of drafted)")
 CONTEXT = "context_len = the target's KV length when a step starts; a turn's context_len = its prompt length"
 
+CONTENDED_CORES = 0.5  # a decode is *contended* when other processes kept at least this many cores busy on average
+CONTENDED = (f"contended = other processes kept >= {CONTENDED_CORES:g} cores busy on average while the decode ran "
+             "(all CPU time in /proc/stat minus this process's own): its timings are not an idle machine's")
+
 # A degenerate turn: the target repeats its context or loops, so a model-free drafter copies it for free and the
 # turn's speed says little about drafting. `evalsuite.degenerate` flags it with these thresholds.
 DEGENERATE_COPY_MIN_TOKENS = 32  # an exact copy of at least this many tokens of an earlier reply of the trajectory
@@ -35,4 +39,4 @@ DEGENERATE = (f"degenerate turn: the reply contains an exact copy of at least {D
 
 # What run.json records under "conventions".
 RUN_CONVENTIONS = {"tau": TAU, "speedup": SPEEDUP, "per_position": POSITION, "context_len": CONTEXT,
-                   "degenerate": DEGENERATE}
+                   "contended": CONTENDED, "degenerate": DEGENERATE}

@@ -1,76 +1,239 @@
-"""What `evalsuite run` is about to do, printed before it starts: samples × turns × methods, the token budget,
-and a time estimate from a quick measured target forward."""
+"""What `evalsuite run` is about to do, printed before it starts, with an estimate of how long it will take.
+
+The estimate adds, over every pending (method, turn) decode: the target's prefill of the turn's new context tokens,
+and `--max-new-tokens` × `--repeats` tokens at the method's cost per token at that context. The costs are measured
+on this machine just before the run: the target's one-token forward at a short and a longer context (a line
+through both), its prefill rate, and each method's cost per token relative to `ar` in the warm-up. Turns that end
+early (an EOS) take less, and drafting methods whose τ differs from the warm-up's go faster or slower: it is an
+estimate, not a bound. A plan over an hour also offers a sized command that fits in about ten minutes.
+"""
 
 from __future__ import annotations
 
+import random
+import shlex
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
+
+from evalsuite.replay import MethodReplay
+from evalsuite.resume import program
+from evalsuite.tasks.base import LoadOptions
+
+SIZED_TARGET_S = 600.0  # a sized command aims at about this long
+LONG_PLAN_S = 3600.0  # plans over this get a sized command
+PLACEHOLDER_WORD = " step"  # stands in for a reply the model has not written yet (one token per word)
+
+
+@dataclass
+class Costs:
+    """Measured costs of this target on this machine (seconds)."""
+
+    decode_short_s: float  # one-token forward at `short` tokens of context
+    decode_long_s: float  # … at `long` tokens
+    short: int
+    long: int
+    prefill_per_token_s: float
+    method_ratio: dict[str, float] = field(default_factory=dict)  # method s/token ÷ ar s/token in the warm-up
+
+    def decode_s(self, context: int) -> float:
+        slope = (self.decode_long_s - self.decode_short_s) / max(self.long - self.short, 1)
+        return max(self.decode_short_s + slope * (context - self.short), self.decode_short_s)
+
+    def describe(self) -> str:
+        ratios = ", ".join(f"{m} {r:.2f}×" for m, r in self.method_ratio.items() if m != "ar")
+        return (f"measured: ar {1e3 * self.decode_short_s:.0f} ms/token at {self.short:,} tokens of context, "
+                f"{1e3 * self.decode_long_s:.0f} ms at {self.long:,}; prefill {1e3 * self.prefill_per_token_s:.2f} "
+                f"ms/token" + (f"; per token against ar in the warm-up: {ratios}" if ratios else ""))
 
 
 @dataclass
 class Plan:
     samples: int  # selected samples
     pending_samples: int  # samples with at least one unfinished (method, sample) pair
-    turns: int  # turns to replay over the pending samples (after --max-turns)
-    methods: list[str]  # methods decoded (the `ar` baseline included when it is needed for pairing)
-    decodes: int  # turn decodes: Σ over pending samples of turns × methods decoded on it
-    done_pairs: int  # (method, sample) pairs already finished and skipped
+    turns: list[int]  # pending turns per pending sample (after --max-turns)
+    methods: list[str]  # methods decoded (the `ar` baseline included)
+    decodes: int  # pending (method, turn) decodes
+    done_turns: int  # (method, turn) rows already stored and skipped
     max_new_tokens: int
-    token_s: float  # seconds per single-token target forward, measured at a short context
+    repeats: int
+    estimate_s: float | None  # None: no estimate (an engine without a target here)
+    prefill_s: float = 0.0  # the estimate's prefill part
+    costs: Costs | None = None
+    sized: str = ""  # a command that fits in about ten minutes, when the plan is long
 
     @property
     def tokens(self) -> int:
-        """Upper bound on the tokens to generate: every turn decode runs to --max-new-tokens."""
-        return self.decodes * self.max_new_tokens
-
-    @property
-    def estimate_s(self) -> float:
-        """Upper bound at AR speed (one target forward per token); drafting methods need fewer forwards."""
-        return self.tokens * self.token_s
+        """New tokens if every decode ran to --max-new-tokens (repeats included): the progress bar's total."""
+        return self.decodes * self.max_new_tokens * self.repeats
 
     def describe(self) -> str:
-        skipped = f" ({self.done_pairs} finished pairs skipped)" if self.done_pairs else ""
-        return (f"plan: {self.pending_samples} of {self.samples} samples × {self.turns} turns × "
-                f"{len(self.methods)} methods ({', '.join(self.methods) or '-'}) = {self.decodes} turn decodes"
-                f"{skipped}; ≤ {self.tokens:,} new tokens; ≤ {format_duration(self.estimate_s)} at AR speed "
-                f"({self.token_s * 1e3:.1f} ms per target forward, measured)")
+        per_sample = " + ".join(str(t) for t in self.turns[:6]) + (" + …" if len(self.turns) > 6 else "")
+        done = f"; {self.done_turns} stored (method, turn) decodes skipped" if self.done_turns else ""
+        text = (f"plan: {self.pending_samples} of {self.samples} samples to run, {sum(self.turns)} turns in all "
+                f"({per_sample}); {self.decodes} turn decodes over {len(self.methods)} methods "
+                f"({', '.join(self.methods) or '-'}), up to {self.max_new_tokens} new tokens each"
+                + (f", {self.repeats} repeats" if self.repeats > 1 else "") + done)
+        if self.estimate_s is not None:
+            text += (f"; estimated {format_duration(self.estimate_s)} (prefill {format_duration(self.prefill_s)}; "
+                     f"{self.costs.describe()})")
+        return text
+
+    def advice(self) -> str:
+        """One line for a long plan, with the sized command."""
+        if self.estimate_s is None or self.estimate_s <= LONG_PLAN_S:
+            return ""
+        line = f"this plan takes over an hour here (estimated {format_duration(self.estimate_s)})"
+        return line + (f"; about ten minutes: {self.sized}" if self.sized else "")
 
 
-def make_plan(runner) -> Plan:
-    """The plan of a loaded `Runner` for its pending (method, sample) pairs."""
-    cap = runner.config.max_turns or 10**9
+def make_plan(runner, warmup_costs: dict[str, float] | None = None) -> Plan:
+    """The plan of a loaded `Runner` for its pending decodes; `warmup_costs`: method → s/token in the warm-up."""
+    cfg = runner.config
     units = runner.pending_units()
-    finished = sum(runner.is_finished(m, t.sample_id) for t in runner.trajectories for m in runner.methods)
-    turns = sum(min(len(u.trajectory.turns), cap) for u in units)
-    decodes = sum(min(len(u.trajectory.turns), cap) * len(u.methods) for u in units)
+    per_turn = {u.trajectory.sample_id: pending_turns(runner, u) for u in units}
+    turns = [len(t) for t in per_turn.values()]
+    decodes = sum(len(methods) for t in per_turn.values() for _, _, methods in t)
+    stored = sum(len(rows) for rows in runner.stored.values())
     methods = [m for m in runner.methods if any(m in u.methods for u in units)]
     target = getattr(runner.engine, "target", None)
-    token_s = measure_forward(target) if units and target is not None else 0.0
-    return Plan(len(runner.trajectories), len(units), turns, methods, decodes, finished,
-                runner.config.max_new_tokens, token_s)
+    plan = Plan(len(runner.trajectories), len(units), turns, methods, decodes, stored, cfg.max_new_tokens,
+                cfg.repeats, None)
+    if target is None or not units:
+        return plan
+    plan.costs = measure_costs(target, warmup_costs or {})
+    estimates = {sample: turn_costs(plan.costs, turns_, cfg) for sample, turns_ in per_turn.items()}
+    plan.estimate_s = sum(sum(total for total, _ in est) for est in estimates.values())
+    plan.prefill_s = sum(sum(prefill for _, prefill in est) for est in estimates.values())
+    if plan.estimate_s > LONG_PLAN_S:
+        plan.sized = sized_command(runner, estimates)
+    return plan
 
 
-def measure_forward(target, context: int = 64, repeats: int = 5) -> float:
-    """Median seconds of a one-token target forward after a short context (the first calls are not timed)."""
+def pending_turns(runner, unit) -> list[tuple[int, int, list[str]]]:
+    """(context tokens, new context tokens to prefill, methods to decode) per turn of a unit that has a decode.
+    Contexts follow the run's replay; a reply not written yet is a placeholder of --max-new-tokens tokens."""
+    trajectory = unit.trajectory
+    replay = MethodReplay(trajectory, runner.replay, runner.policy, runner._render(trajectory), runner.config.max_turns)
+    stored = {m: {row.turn for row in runner.stored.get((m, trajectory.sample_id), [])} for m in unit.methods}
+    placeholder = PLACEHOLDER_WORD * runner.config.max_new_tokens
+    found, previous, turn = [], 0, 0
+    while replay.has_turn(turn):
+        context = replay.context(turn)
+        methods = [m for m in unit.methods if turn not in stored[m]]
+        if methods and set(methods) - {"ar"} and "ar" not in methods:
+            methods.append("ar")  # decoded again for the pairing
+        if methods and not context.skipped:
+            found.append((context.context_len, max(context.context_len - previous, 0), methods))
+            previous = context.context_len
+        replay.record_reply(turn, None if context.skipped else placeholder)
+        turn += 1
+    return found
+
+
+def turn_costs(costs: Costs, turns: list[tuple[int, int, list[str]]], cfg) -> list[tuple[float, float]]:
+    """(estimated seconds, of which prefill) per pending turn."""
+    found = []
+    for context, fresh, methods in turns:
+        prefill = fresh * costs.prefill_per_token_s
+        decode = sum(costs.method_ratio.get(m, 1.0) for m in methods) * costs.decode_s(context)
+        found.append((prefill + decode * cfg.max_new_tokens * cfg.repeats, prefill))
+    return found
+
+
+def measure_costs(target, warmup_costs: dict[str, float], repeats: int = 5) -> Costs:
+    """The target's one-token forward at a short and a longer context, and its prefill rate, measured now."""
+    short = 64
+    long = max(short * 2, min(1024, target.max_context // 4))
+    decode_short, _ = _forward_s(target, short, repeats)
+    decode_long, prefill_s = _forward_s(target, long, repeats)
+    ar = warmup_costs.get("ar")
+    ratio = {m: (s / ar if ar else 1.0) for m, s in warmup_costs.items()}
+    return Costs(decode_short, decode_long, short, long, prefill_s / long, ratio)
+
+
+def _forward_s(target, context: int, repeats: int) -> tuple[float, float]:
+    """(median one-token forward s after `context` tokens, the prefill's s)."""
     cache = target.new_cache()
     cache.reserve(context + repeats + 2)
     ids = torch.arange(context, device=target.device) % max(target.vocab_size, 1)
+    _sync(target)
+    start = time.perf_counter()
     target.forward(ids, cache, last_only=True)
+    _sync(target)
+    prefill_s = time.perf_counter() - start
     token = ids[-1:].clone()
     times = []
     for i in range(repeats + 2):
-        if target.device.type == "cuda":
-            torch.cuda.synchronize(target.device)
+        _sync(target)
         start = time.perf_counter()
         target.forward(token, cache)
-        if target.device.type == "cuda":
-            torch.cuda.synchronize(target.device)
+        _sync(target)
         if i >= 2:
             times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(times), prefill_s
+
+
+def _sync(target) -> None:
+    if target.device.type == "cuda":
+        torch.cuda.synchronize(target.device)
+
+
+def sized_command(runner, estimates: dict[str, list[tuple[float, float]]]) -> str:
+    """`--limit L --max-turns T` (the first L samples of the seeded order, T turns each) estimated at about
+    SIZED_TARGET_S, preferring at least 3 samples (the report's intervals need them), then the most decodes."""
+    cfg = runner.config
+    shuffled = [t.sample_id for t in runner.task.load(LoadOptions(None, cfg.seed, cfg.data_path, cfg.subset))]
+    random.Random(cfg.seed).shuffle(shuffled)  # the order `--limit` takes samples in (tasks.base.seeded_subset)
+    pending = [s for s in shuffled if s in estimates]
+    cap = max((len(e) for e in estimates.values()), default=1)
+    best = None
+    for turns in sorted({cap, 16, 8, 4, 2, 1}, reverse=True):
+        if turns > cap:
+            continue
+        total, count = 0.0, 0
+        for sample in pending:
+            cost = sum(seconds for seconds, _ in estimates[sample][:turns])
+            if total + cost > SIZED_TARGET_S:
+                break
+            total, count = total + cost, count + 1
+        if count:
+            decodes = count * turns
+            key = (count >= 3, decodes)
+            if best is None or key > best[0]:
+                best = (key, count, turns, total)
+    if best is None:
+        return ""
+    _, count, turns, total = best
+    requested = replace(cfg, threads=getattr(runner, "threads_requested", cfg.threads))
+    args = ["run", *config_args(requested, skip=("limit", "max_turns", "sample_ids", "out", "resume")),
+            "--limit", str(count), "--max-turns", str(turns)]
+    return f"{shlex.join(program() + args)} (estimated {format_duration(total)})"
+
+
+def config_args(config, skip: tuple[str, ...] = ()) -> list[str]:
+    """The `evalsuite run` options that give `config` (those that differ from the defaults)."""
+    defaults = type(config)(methods=[], task="")
+    args = ["--method", ",".join(config.methods), "--task", config.task]
+    for name in config.__dataclass_fields__:
+        value = getattr(config, name)
+        if name in ("methods", "task") + tuple(skip) or value == getattr(defaults, name):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if name == "drafters":
+            args += [item for method, path in value.items() for item in ("--drafter", f"{method}={path}")]
+        elif name == "method_options":
+            args += [item for method, options in value.items() for key, setting in options.items()
+                     for item in ("--method-option", f"{method}.{key}={setting}")]
+        elif name == "sample_ids":
+            args += [flag, ",".join(value)]
+        elif isinstance(value, bool):
+            args.append(flag if value else f"--no-{name.replace('_', '-')}")
+        elif value is not None:
+            args += [flag, str(value)]
+    return args
 
 
 def format_duration(seconds: float) -> str:

@@ -24,15 +24,22 @@ Context policies, applied when a turn's rendered context would not leave room in
   template, so nothing is cut inside a message or a template header. When the kept messages alone do not
   fit, the turn is a recorded skip. Raw `prompt_ids` turns are cut token-wise from
   the left to the same room.
+
+`stored_contexts` rebuilds the contexts of a stored run from its run.json and stored outputs, without a model
+(`evalsuite compare`, `evalsuite label`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Iterable
 
+from evalsuite.conventions import SKIPPED
 from evalsuite.errors import UserError
-from evalsuite.tasks.base import Trajectory
+from evalsuite.tasks.base import LoadOptions, Trajectory, get_task
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 STOP = "stop"
 TRUNCATE_LEFT = "truncate-left"
@@ -65,6 +72,7 @@ class TurnContext:
     dropped_messages: int = 0
     dropped_tokens: int = 0
     skip_reason: str = ""
+    pairing: str = ""  # how `ar`'s decode of this turn index relates to this context (TurnRecord.pairing)
 
     @property
     def context_len(self) -> int:
@@ -179,7 +187,8 @@ def split_for_truncation(messages: list[dict], protected_tail: int) -> tuple[lis
 
 class MethodReplay:
     """One method's replay of one trajectory: `context(i)` before turn i, `record_reply(i, text)` after it;
-    `has_turn(i)` says whether turn i exists (up to `max_turns`)."""
+    `has_turn(i)` says whether turn i exists (up to `max_turns`). A replay may learn only from reply i whether
+    turn i + 1 exists (the closed loop, `evalsuite.tools.bfcl_loop.ClosedReplay`): the runner asks after it."""
 
     def __init__(self, trajectory: Trajectory, mode: str, policy: ContextPolicy, render: Render,
                  max_turns: int | None = None):
@@ -226,6 +235,11 @@ class MethodReplay:
             what = "has no logged reply" if self.mode == "logged" else "produced no reply (free replay)"
             self.broken = f"turn {index} was skipped and {what}, so this turn has no history to continue from"
 
+    def turn_extra(self, index: int) -> dict[str, tuple[dict, object]]:
+        """Rows of other tables for turn `index` after its reply (table → (row without the key columns, its
+        pyarrow schema)); the runner stores them with the turn (`RunStore.write_turn(extra=...)`). None here."""
+        return {}
+
     def replay_stored(self, index: int, output_text: str | None) -> TurnContext:
         """Turn `index` as a stored run saw it: its context, then its stored reply (None when it was skipped), so
         the history continues exactly as it did (resume, `evalsuite compare`, span labelling)."""
@@ -246,3 +260,68 @@ def check_replay_mode(requested: str, trajectories: list[Trajectory], task: str)
     if any(len(t.turns) > 1 for t in trajectories) and not any(t.has_logged_replies for t in trajectories):
         raise UserError(f"--replay logged: task {task} has no logged assistant replies to replay; "
                         "use --replay free (or auto)")
+
+
+# ---- the contexts of a stored run --------------------------------------------------------------------------------
+def stored_contexts(config: dict, turns, chat, pairs: Iterable[tuple[str, str]] | None = None
+                    ) -> dict[tuple[str, str, int], TurnContext]:
+    """The context every turn of a stored run saw, keyed (method, sample_id, turn), rebuilt as the runner built it:
+    the task's data as run.json loaded it (limit, seed, data path, subset), the run's replay mode, context policy and
+    window, the target's template (`chat`: a `ChatTokenizer`, no weights needed; it must hash as the run's did), and
+    after each turn the run's own stored reply (`MethodReplay.replay_stored`), so free replay continues from it.
+    `turns`: the run's turns table (`store.read_run(...).turns`); `pairs`: the (method, sample) pairs to rebuild (all
+    the table's when None), every turn up to max_turns. A sample no longer in the task's data has no contexts."""
+    check_chat(chat, config)
+    if config.get("replay") == "closed":
+        raise UserError("a --replay closed run: its contexts hold the results of executed tool calls, which are not "
+                        "rebuilt from the stored replies (its span labels are written during the run)")
+    task = get_task(config["task"])
+    trajectories = task.load(LoadOptions(config.get("limit"), config.get("seed", 0),
+                                         _run_path(config.get("data_path")), config.get("subset"),
+                                         config.get("format")))
+    by_id = {t.sample_id: t for t in trajectories}
+    mode = config.get("replay")
+    mode = task.default_replay if mode in (None, "", "auto") else mode
+    window = Window(int(config.get("target_max_context") or chat.max_context), int(config.get("max_new_tokens", 256)),
+                    int(config.get("k", 7)))
+    policy = make_policy(config.get("context_policy", STOP), window)
+    rows = {(r.method, r.sample_id, int(r.turn)): r for r in turns.itertuples(index=False)}
+    if pairs is None:
+        pairs = {(m, s) for m, s, _ in rows}
+    found = {}
+    for method, sample in sorted(set(pairs)):
+        trajectory = by_id.get(sample)
+        if trajectory is None:
+            continue
+        render = (lambda messages, tools=trajectory.tools:
+                  chat.render(messages, tools, bool(config.get("enable_thinking"))))
+        replay = MethodReplay(trajectory, mode, policy, render, config.get("max_turns"))
+        index = 0
+        while replay.has_turn(index):
+            row = rows.get((method, sample, index))
+            stored = row is not None and row.stop_reason != SKIPPED and row.output_ids is not None
+            text = chat.decode(list(row.output_ids)) if stored else None
+            found[(method, sample, index)] = replay.replay_stored(index, text)
+            index += 1
+    return found
+
+
+def check_chat(chat, config: dict) -> None:
+    """The tokenizer and chat template must be the run's (run.json's hashes), else the rebuilt contexts are not the
+    ones the run decoded from."""
+    for name, value in chat.hashes().items():
+        recorded = config.get(name)
+        if recorded and recorded != value:
+            what = name.removesuffix("_sha256").replace("_", " ")
+            raise UserError(f"target {chat.name}: its {what} hashes to {value}, the run recorded {recorded}; it is "
+                            "not the run's target, so the run's contexts cannot be rebuilt (pass the run's target)")
+
+
+def _run_path(value: str | None) -> str | None:
+    """A path as run.json records it (`config.portable_paths`: relative to the repository, or `~/…`)."""
+    if not value:
+        return value
+    path = Path(value).expanduser()
+    if not path.is_absolute() and not path.exists() and (REPO_ROOT / path).exists():
+        return str(REPO_ROOT / path)
+    return str(path) if path.exists() else value

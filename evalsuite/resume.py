@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import shlex
+import sys
 from pathlib import Path
 
 from evalsuite.config import DRIFT_FIELDS, PER_METHOD_DRIFT_FIELDS, drift_value
@@ -51,8 +52,18 @@ def resumed_config(previous: dict, current: dict) -> dict:
     return merged
 
 
+def program() -> list[str]:
+    """The command the user invoked this program with (`.venv/bin/evalsuite`, `evalsuite`, or `python -m
+    evalsuite.cli` with this interpreter), so that printed commands run as printed."""
+    first = sys.argv[0] if sys.argv else "evalsuite"
+    if first.endswith(("cli.py", "__main__.py")) or first in ("-m", "-c", ""):
+        return [sys.executable, "-m", "evalsuite.cli"]
+    return [first]
+
+
 def resume_command(argv: list[str], run_dir: str | Path) -> str:
-    """The command line that continues this run: the same options with `--out RUN_DIR --resume`."""
+    """The command line that continues this run, quoted for a shell: the program as invoked, the same options,
+    and `--out RUN_DIR --resume`."""
     args, skip = [], False
     for arg in argv:
         if skip:
@@ -64,7 +75,7 @@ def resume_command(argv: list[str], run_dir: str | Path) -> str:
         if arg.startswith("--out=") or arg in ("--resume", "--no-resume"):
             continue
         args.append(arg)
-    return shlex.join(["evalsuite", *args, "--out", str(run_dir), "--resume"])
+    return shlex.join([*program(), *args, "--out", str(run_dir), "--resume"])
 
 
 def data_hash(data_path: str | None) -> str | None:

@@ -6,7 +6,8 @@ one record per method, decoded or skipped with its reason; once all methods have
 with `ar` (`metrics.pair_turns`) and the turn is persisted (`store.RunStore.write_turn`), so an interrupted run
 resumes at the next turn. On `--resume`, each method's stored turns are replayed from their stored outputs
 (`MethodReplay.replay_stored`) and only the missing (method, turn) decodes run; `ar` decodes again where another
-method needs its pairing, without being rewritten.
+method needs its pairing, without being rewritten. Each decoded turn is stored with its span labels
+(`spans.label_turn`: kind and copy length per emitted token, from the context and output ids in memory).
 """
 
 from __future__ import annotations
@@ -14,20 +15,22 @@ from __future__ import annotations
 import hashlib
 import random
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from evalsuite import metrics, resume
+from evalsuite import contention, metrics, resume
 from evalsuite.config import RunConfig, environment
-from evalsuite.conventions import BASELINE, RUN_CONVENTIONS
+from evalsuite.conventions import BASELINE, CONTENDED_CORES, RUN_CONVENTIONS, SKIPPED
 from evalsuite.engines import make_engine
 from evalsuite.engines.base import Engine
 from evalsuite.errors import UserError
 from evalsuite.records import TurnKey, TurnRecord, step_records, turn_record
 from evalsuite.replay import ContextPolicy, MethodReplay, Window, check_replay_mode, make_policy
+from evalsuite.spans import SPANS_SCHEMA, SPANS_TABLE, label_turn, span_rows
 from evalsuite.store import RunStore, read_run
 from evalsuite.tasks.base import LoadOptions, Trajectory, get_task, replay_source, select_samples
+from evalsuite.tools.bfcl_loop import CLOSED, closed_replays, describe_closed_loop
 
 WARMUP_PROMPT = [{"role": "user", "content": "Warmup."}]
 
@@ -41,10 +44,12 @@ class Unit(NamedTuple):
 
 @dataclass
 class Progress:
-    """What the CLI's live bar shows; the runner calls `update` after every decoded turn of a method."""
+    """What the CLI's live bar shows: `update` after every stored (method, turn), with its numbers; `step(tokens)`
+    as decoding goes (every verify step, then the rest of the decode's --max-new-tokens × --repeats budget)."""
 
     total: int
     update: Callable[[dict], None] = lambda info: None
+    step: Callable[[int], None] = lambda tokens: None
 
 
 class Runner:
@@ -65,17 +70,21 @@ class Runner:
 
     # ---- set-up ---------------------------------------------------------------------------------------------
     def load(self, write_config: bool = True) -> None:
-        """Data, then the engine (target and methods), then run.json (a Ray worker leaves that to the driver)."""
+        """Data, the machine's load, then the engine (target and methods), then run.json (a Ray worker leaves that
+        to the driver)."""
         self.store.prepare()
         # the data first: a malformed record or a bad --subset is reported before seconds of model loading
         self.trajectories = self.task.load(LoadOptions(self.config.limit, self.config.seed, self.config.data_path,
-                                                       self.config.subset))
+                                                       self.config.subset, self.config.format))
         if self.config.sample_ids is not None:
             self.trajectories = select_samples(self.trajectories, self.config.sample_ids, self.config.task)
         if not self.trajectories:
             raise UserError(f"task {self.config.task}: no samples to run")
         check_replay_mode(self.config.replay, self.trajectories, self.config.task)
-        self.engine.start(self.methods)
+        self.contention = contention.snapshot()  # before loading: what else keeps the CPU busy
+        self.threads_requested = self.config.threads
+        self.config = replace(self.config, threads=contention.resolve_threads(self.config.threads, self.contention))
+        self.engine.start(self.methods, self.config.threads)
         self.chat = self.engine.chat
         self.worker_device = self.worker_device or self.engine.device_label
         self.policy = make_policy(self.config.context_policy,
@@ -100,12 +109,14 @@ class Runner:
             "replay": self.replay,
             "replay_source": replay_source(self.trajectories, self.replay),
             **engine,
+            **self._replay_notes(),
             "task_licence": self.task.licence,
             "task_source": self.task.source,
             "sample_ids": [t.sample_id for t in self.trajectories],
             "data_sha256": resume.data_hash(self.config.data_path),
             "conventions": RUN_CONVENTIONS,
             "environment": {**environment(), **device},
+            "contention": {**self.contention.describe(), "threads_requested": self.threads_requested},
             "scaleout": {**self.scaleout, "worker_info": self.scaleout.get("worker_info") or [
                 {"host": self.worker_host, "device": self.worker_device}]},
         }
@@ -138,14 +149,16 @@ class Runner:
         return [Unit(t, methods) for t in self.trajectories if (methods := self.pending_methods(t))]
 
     # ---- the run ---------------------------------------------------------------------------------------------
-    def warm_up(self) -> None:
-        if self.config.warmup:
-            self.engine.warm_up(self._warmup_ids())
+    def warm_up(self) -> dict[str, float]:
+        """The engine's untimed warm-up; each method's seconds per token in it (for the plan)."""
+        self.warmed = True
+        return self.engine.warm_up(self._warmup_ids()) if self.config.warmup else {}
 
     def run(self, progress: Progress | None = None) -> None:
         units = self.pending_units()
         if units:
-            self.warm_up()
+            if not getattr(self, "warmed", False):
+                self.warm_up()
             for unit in units:
                 self.run_unit(unit.trajectory, progress, unit.methods)
         self.refresh_stored()
@@ -161,17 +174,19 @@ class Runner:
             return
         progress = progress or Progress(total=0)
         sample = trajectory.sample_id
-        replays = {name: MethodReplay(trajectory, self.replay, self.policy, self._render(trajectory),
-                                      self.config.max_turns) for name in methods}
+        replays = self._replays(trajectory, methods)
         stored = {name: {row.turn: row for row in self.stored.get((name, sample), [])} for name in methods}
         earlier = {name: [] for name in methods}  # (turn, output ids) per method so far: the degenerate check
         self.engine.begin_trajectory()
+        budget = self.config.max_new_tokens * self.config.repeats
         turn = 0
         while any(replay.has_turn(turn) for replay in replays.values()):
-            wanted = [m for m in methods if turn not in stored[m]]
-            decode = set(wanted) | ({BASELINE} if set(wanted) - {BASELINE} else set())
+            wanted = [m for m in methods if replays[m].has_turn(turn) and turn not in stored[m]]
+            ar_has_turn = BASELINE in replays and replays[BASELINE].has_turn(turn)  # its own loop may end first
+            decode = set(wanted) | ({BASELINE} if set(wanted) - {BASELINE} and ar_has_turn else set())
             records: dict[str, TurnRecord] = {}
             steps = {}
+            decoded: dict[str, tuple[list[int], list[int]]] = {}  # method → (context ids, output ids)
             order = [m for m in self.turn_order(sample, turn) if m in decode]
             for position, name in enumerate(order):
                 context = replays[name].context(turn)
@@ -179,18 +194,32 @@ class Runner:
                 common = dict(replay=context.replay, context_len=context.context_len,
                               dropped_tokens=context.dropped_tokens, dropped_messages=context.dropped_messages,
                               position=position, engine=self.engine.name, worker_host=self.worker_host,
-                              worker_device=self.worker_device)
+                              worker_device=self.worker_device, repo=str(trajectory.meta.get("repo") or ""),
+                              pairing=context.pairing)
                 if context.skipped:
                     replays[name].record_reply(turn, None)
                     records[name] = turn_record(key, **common, last=False, skip_reason=context.skip_reason)
                     continue
-                result = self.engine.decode(name, context.ids, turn_seed(self.config.seed, sample, turn))
+                stepped = [0]
+
+                def on_step(tokens: int) -> None:
+                    stepped[0] += tokens
+                    progress.step(tokens)
+
+                meter = contention.Meter()
+                meter.start()
+                result = self.engine.decode(name, context.ids, turn_seed(self.config.seed, sample, turn), on_step)
+                others = meter.stop()
+                progress.step(max(budget - stepped[0], 0))  # the rest of this decode's budget
                 replays[name].record_reply(turn, self.chat.decode(result.output_ids))
-                records[name] = turn_record(key, **common, last=False, result=result, earlier=earlier[name])
+                records[name] = turn_record(key, **common, last=False, result=result, cpu_others=others,
+                                            contended=others is not None and others >= CONTENDED_CORES,
+                                            earlier=earlier[name])
                 earlier[name].append((turn, list(result.output_ids)))
                 steps[name] = step_records(key, result, self.engine.name)
+                decoded[name] = (context.ids, result.output_ids)
             for name in methods:
-                if name not in decode:  # stored: continue its history from the stored reply
+                if name not in decode and replays[name].has_turn(turn):  # stored: continue from the stored reply
                     row = stored[name].get(turn)
                     replays[name].replay_stored(turn, self._stored_text(row))
                     if row is not None and row.output_ids is not None:
@@ -200,8 +229,12 @@ class Runner:
             for record in kept:
                 record.last = not replays[record.method].has_turn(turn + 1)
             if kept:
-                self.store.write_turn(sample, turn, [s for m in wanted for s in steps.get(m, [])], kept)
-            for record in kept:
+                spans = self._span_rows(sample, turn, {m: decoded[m] for m in wanted if m in decoded})
+                extra = self._extra_rows(replays, kept)
+                if spans:
+                    extra[SPANS_TABLE] = (spans, SPANS_SCHEMA)
+                self.store.write_turn(sample, turn, [s for m in wanted for s in steps.get(m, [])], kept, extra)
+            for record in (r for r in kept if r.stop_reason != SKIPPED):
                 mine = steps.get(record.method, [])
                 progress.update({"method": record.method, "sample": sample, "turn": turn, "tau": record.tau,
                                  "tau_sums": metrics.tau_sums([s.num_accepted for s in mine],
@@ -218,8 +251,40 @@ class Runner:
         return order
 
     # ---- pieces ----------------------------------------------------------------------------------------------
+    def _replays(self, trajectory: Trajectory, methods: tuple[str, ...]) -> dict[str, MethodReplay]:
+        if self.replay == CLOSED:
+            return closed_replays(trajectory, methods, self.policy, self._render, self.config.temperature,
+                                  self.config.max_turns)
+        return {name: MethodReplay(trajectory, self.replay, self.policy, self._render(trajectory),
+                                   self.config.max_turns) for name in methods}
+
+    def _replay_notes(self) -> dict:
+        return describe_closed_loop(self.config.temperature) if self.replay == CLOSED else {}
+
+    @staticmethod
+    def _extra_rows(replays: dict[str, MethodReplay], kept: list[TurnRecord]) -> dict:
+        """Other tables' rows of one turn (`MethodReplay.turn_extra`), keyed like the turn's rows."""
+        extra: dict[str, tuple[list[dict], object]] = {}
+        for record in kept:
+            key = {k: getattr(record, k) for k in ("run_id", "method", "task", "sample_id", "turn")}
+            for table, (row, schema) in replays[record.method].turn_extra(record.turn).items():
+                extra.setdefault(table, ([], schema))[0].append({**key, **row})
+        return extra
+
     def _render(self, trajectory: Trajectory):
         return lambda messages: self.chat.render(messages, trajectory.tools, self.config.enable_thinking)
+
+    def _span_rows(self, sample: str, turn: int, decoded: dict[str, tuple[list[int], list[int]]]) -> list[dict]:
+        """Span labels of the methods' decoded turns (after all of them decoded, outside any timing); methods that
+        saw the same context and wrote the same reply (T=0) are labelled once."""
+        labels, records = {}, []
+        for name, (context_ids, output_ids) in decoded.items():
+            key = (tuple(context_ids), tuple(output_ids))
+            if key not in labels:
+                labels[key] = label_turn(output_ids, context_ids, self.chat.tokenizer, task=self.config.task,
+                                         method=name, sample_id=sample, turn=turn, run_id=self.run_id)
+            records.append(replace(labels[key], method=name))
+        return span_rows(records)
 
     def _stored_text(self, row) -> str | None:
         if row is None or row.output_ids is None:

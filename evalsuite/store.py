@@ -14,6 +14,9 @@ was killed between the renames) is an *orphan*: the reader ignores it and `RunSt
 `RunStore.compact` merges a finished run's parts into one file per table; the reader drops any row it sees twice
 (an interrupted compaction leaves both copies), so every reader sees the same rows whatever the layout.
 Runs written before per-turn parts (one part per finished (method, sample) pair) read the same way.
+A tool that adds rows to a stored run afterwards (`evalsuite label`: spans) writes parts named `added-<hash>`, which
+belong to no turn group: the reader reads them whole (their rows are of turns already stored), `clean` keeps them,
+and `compact` merges them in.
 """
 
 from __future__ import annotations
@@ -31,11 +34,15 @@ import pyarrow.parquet as pq
 from evalsuite.config import portable_paths
 from evalsuite.errors import UserError
 from evalsuite.records import STEP_SCHEMA, TURN_SCHEMA, StepRecord, TurnRecord
+from evalsuite.spans import ROW_KEY as SPANS_ROW_KEY
+from evalsuite.spans import SPANS_TABLE
 
 TURNS, STEPS = "turns", "steps"
 SCHEMAS = {TURNS: TURN_SCHEMA, STEPS: STEP_SCHEMA}
-ROW_KEYS = {TURNS: ["method", "sample_id", "turn"], STEPS: ["method", "sample_id", "turn", "step"]}
+ROW_KEYS = {TURNS: ["method", "sample_id", "turn"], STEPS: ["method", "sample_id", "turn", "step"],
+            SPANS_TABLE: SPANS_ROW_KEY}
 COMPACT_PREFIX = "compact-"
+ADDED_PREFIX = "added-"  # parts added to a stored run after its turns (no turn group of their own)
 
 # Columns every reader computes from: a run without one of them cannot be read. Any other column of the schema
 # that an older run lacks is filled (FILL_MISSING, else NaN); columns added by later versions are kept as they are.
@@ -44,7 +51,8 @@ REQUIRED_COLUMNS = {"method", "task", "sample_id", "turn", "context_len", "num_d
                     "stop_reason"}
 FILL_MISSING = {"draft_state_bytes": 0, "draft_history_bytes": 0, "dropped_tokens": 0, "dropped_messages": 0,
                 "skip_reason": "", "output_ids": None, "engine": "hf", "budget_limited": False, "position": 0,
-                "worker_host": "", "worker_device": "", "degenerate_reason": ""}
+                "worker_host": "", "worker_device": "", "contended": False, "repo": "", "pairing": "",
+                "degenerate_reason": ""}
 # (`degenerate` is left NaN in older runs: not computed, which is not "not degenerate"; the report computes it.)
 
 
@@ -115,7 +123,7 @@ class RunStore:
         for directory in sorted(self.root.glob("*.parquet")):
             if directory.is_dir():
                 if directory.name != f"{TURNS}.parquet":
-                    found += [p for p in _parts(directory) if p.stem not in done]
+                    found += [p for p in _parts(directory) if p.stem not in done and not _added(p)]
                 found += sorted(directory.glob(".*.parquet.tmp"))
         return found
 
@@ -131,7 +139,8 @@ class RunStore:
         parts merged away. Only for a run no writer is using."""
         self.clean()
         done = sorted(p.stem for p in _parts(self.table_dir(TURNS)))
-        if len(done) <= 1:
+        added = [p for d in self.root.glob("*.parquet") for p in _parts(d) if _added(p)]
+        if len(done) <= 1 and not (done and added):
             return 0
         name = COMPACT_PREFIX + hashlib.sha1("\0".join(done).encode()).hexdigest()[:16]
         tables = [d.name.removesuffix(".parquet") for d in sorted(self.root.glob("*.parquet")) if d.is_dir()]
@@ -146,7 +155,7 @@ class RunStore:
             for part in _parts(self.table_dir(table)):
                 if part.stem != name:
                     part.unlink()
-        return len(done)
+        return len(done) + len(added)
 
     def write_config(self, config: dict) -> None:
         path = self.root / "run.json"
@@ -185,11 +194,12 @@ def read_run(run_dir: str | Path) -> RunTables:
 
 def read_table(root: Path, table: str, schema: pa.Schema | None = None, done: set[str] | None = None
                ) -> pd.DataFrame:
-    """Every finished part of one table (parts whose group has a turns part), as one frame."""
+    """Every finished part of one table (parts whose group has a turns part, and parts added afterwards), as one
+    frame."""
     directory = Path(root) / f"{table}.parquet"
     if done is None:
         done = {p.stem for p in _parts(Path(root) / f"{TURNS}.parquet")}
-    parts = [p for p in _parts(directory) if p.stem in done]
+    parts = [p for p in _parts(directory) if p.stem in done or _added(p)]
     frames = [pq.read_table(p).to_pandas() for p in parts]
     frames = [f for f in frames if len(f.columns)]
     if frames:
@@ -216,6 +226,21 @@ def _atomic_parquet(path: Path, rows: list[dict], schema: pa.Schema) -> None:
     tmp = path.with_name(f".{path.name}.tmp")  # hidden: pyarrow's dataset discovery skips it
     pq.write_table(table, tmp)
     os.replace(tmp, path)
+
+
+def write_added(root: Path, table: str, key: str, rows: list[dict], schema: pa.Schema) -> Path:
+    """Add rows of turns already stored to a table of a run (e.g. `evalsuite label`'s spans), as one part named by
+    `key` that no turn group can take; a part of that name is never rewritten (FileExistsError)."""
+    path = Path(root) / f"{table}.parquet" / f"{ADDED_PREFIX}{key}.parquet"
+    if path.exists():
+        raise FileExistsError(f"{path} exists; added parts are never rewritten")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_parquet(path, rows, schema)
+    return path
+
+
+def _added(part: Path) -> bool:
+    return part.stem.startswith(ADDED_PREFIX)
 
 
 def _parts(directory: Path) -> list[Path]:

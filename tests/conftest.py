@@ -30,3 +30,9 @@ def tiny_qwen3_dir(tiny_dirs):
 @pytest.fixture(scope="session", params=["llama", "qwen3"])
 def tiny_target(request, tiny_dirs) -> TargetModel:
     return TargetModel.load(str(tiny_dirs[request.param]))
+
+
+@pytest.fixture(autouse=True)
+def _quick_cpu_sample(monkeypatch):
+    """Runs sample the machine's load before they start (evalsuite.contention): briefly, in tests."""
+    monkeypatch.setenv("EVALSUITE_CPU_SAMPLE_S", "0.05")

@@ -39,6 +39,7 @@ def test_the_contracts_hold():
     ("methods/ngram.py", "from evalsuite.runner import Runner", "Layers point down"),
     ("engines/loop.py", "from evalsuite.report import stats", "Layers point down"),
     ("store.py", "import torch", "need no torch"),
+    ("spans.py", "from evalsuite.store import read_table", "Layers point down"),
     ("report/tables.py", "from evalsuite.target import TargetModel", "need no torch"),
 ])
 def test_a_planted_upward_import_breaks_a_contract(tmp_path, module, planted, contract):

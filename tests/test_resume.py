@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -109,9 +110,14 @@ class Interrupt(Exception):
 
 
 def test_an_interrupt_after_the_second_turn_keeps_it_and_resume_decodes_only_the_rest(tiny_qwen3_dir, tmp_path):
-    """SWE-Bench trajectories have many turns: stop after the second turn of the first one, then resume."""
-    common = dict(methods=["ngram", "ar"], task="swebench", target=str(tiny_qwen3_dir), limit=1, max_turns=4,
-                  max_new_tokens=12, k=4, resume=True)
+    """A four-turn conversation in free replay (each turn's context holds the model's earlier replies): stop after
+    the second turn, then resume."""
+    messages = [m for i in range(4) for m in ({"role": "user", "content": f"Count to {i + 3}."},
+                                              {"role": "assistant", "content": "1 2 3"})]
+    data = tmp_path / "four.jsonl"
+    data.write_text(json.dumps({"id": "four", "messages": messages}) + "\n")
+    common = dict(methods=["ngram", "ar"], task="custom", data_path=str(data), target=str(tiny_qwen3_dir),
+                  max_new_tokens=12, k=4, resume=True, replay="free")
     reference = tmp_path / "reference"
     uninterrupted = Runner(RunConfig(**common, out=str(reference)), reference)
     uninterrupted.load()
@@ -249,16 +255,21 @@ def test_threads_are_set_and_recorded(tiny_qwen3_dir, tmp_path):
 def test_plan_is_printed_before_the_run(tiny_qwen3_dir, tmp_path):
     result = run_cli(*base_args(tiny_qwen3_dir, tmp_path / "plan"))
     assert result.exit_code == 0, result.output
-    plan = next(line for line in result.output.splitlines() if line.startswith("plan:"))
-    assert "2 of 2 samples × 4 turns × 2 methods (ar, ngram) = 8 turn decodes" in plan
-    assert "≤ 192 new tokens" in plan and "ms per target forward, measured" in plan
+    plan = " ".join(result.output.split())
+    assert "plan: 2 of 2 samples to run, 4 turns in all (2 + 2); 8 turn decodes over 2 methods (ar, ngram), " \
+           "up to 24 new tokens each" in plan and "estimated" in plan
     result = run_cli(*base_args(tiny_qwen3_dir, tmp_path / "plan"), "--resume")
-    assert "0 of 2 samples" in result.output and "(4 finished pairs skipped)" in result.output
+    assert "0 of 2 samples to run" in " ".join(result.output.split())
 
 
 def test_an_interrupt_prints_the_exact_command_to_continue(tiny_qwen3_dir, tmp_path, monkeypatch):
+    original = Runner.run
+
     def interrupted(self, progress=None):
-        raise KeyboardInterrupt
+        def stop(info):
+            raise KeyboardInterrupt  # Ctrl-C once the first turn is stored
+
+        return original(self, Progress(0, stop))
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(Runner, "run", interrupted)
@@ -305,13 +316,18 @@ def test_added_methods_join_the_stored_config_and_the_environment_is_kept():
     assert [r["environment"]["started_at"] for r in again["resumes"]] == ["second", "third"]
 
 
-def test_resume_command_names_the_directory():
+def test_resume_command_names_the_directory_and_the_program_as_invoked(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["evalsuite"])
     argv = ["run", "--method", "ngram", "--out=results/x-1", "--limit", "3", "--task", "mt bench"]
     assert resume_command(argv, Path("results/x-1")) == \
         "evalsuite run --method ngram --limit 3 --task 'mt bench' --out results/x-1 --resume"
     assert resume_command(["run", "--resume", "--out", "a"], Path("a")) == "evalsuite run --out a --resume"
     assert resume_command(["run"], Path("results/gsm8k-ar-20260101")) == \
         "evalsuite run --out results/gsm8k-ar-20260101 --resume"
+    monkeypatch.setattr(sys, "argv", [".venv/bin/evalsuite"])  # as the README's quick start runs it
+    assert resume_command(["run"], Path("a")) == ".venv/bin/evalsuite run --out a --resume"
+    monkeypatch.setattr(sys, "argv", ["/x/evalsuite/cli.py"])  # python -m evalsuite.cli
+    assert resume_command(["run"], Path("a")) == f"{shlex.quote(sys.executable)} -m evalsuite.cli run --out a --resume"
 
 
 def test_a_run_json_without_finished_pairs_may_be_started_over(tmp_path, tiny_qwen3_dir):

@@ -467,7 +467,7 @@ def test_replay_source_names_who_wrote_the_logged_replies():
     from evalsuite.tasks.base import replay_source
 
     swe = load("swebench")[:3]
-    assert {t.meta["logged_by"] for t in swe} == {"google/gemini-3-pro-preview (mini-swe-agent)"}
+    assert {t.meta["model"] for t in swe} == {"google/gemini-3-pro-preview"}
     assert replay_source(swe, "logged") == "logged replies of google/gemini-3-pro-preview (mini-swe-agent)"
     assert replay_source(swe, "free") == "each method's own earlier replies"
     bfcl = load("bfcl-v3")[:3]

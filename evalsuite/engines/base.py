@@ -10,6 +10,7 @@ speculative decoding in its own venv; per-request acceptance, no per-step times)
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Callable
 
 from evalsuite.chat import ChatTokenizer
 from evalsuite.records import TurnResult
@@ -21,18 +22,23 @@ class Engine(ABC):
     device_label: str = "cpu"  # the `worker_device` of every record unless a scale-out worker names its own
 
     @abstractmethod
-    def start(self, methods: list[str]) -> None:
-        """Load the target's tokenizer (`self.chat`), the target and every method (`ar` first); one-line errors."""
+    def start(self, methods: list[str], threads: int | None = None) -> None:
+        """Load the target's tokenizer (`self.chat`), the target and every method (`ar` first), with `threads`
+        intra-op threads on CPU; one-line errors."""
 
-    def warm_up(self, ids: list[int]) -> None:
-        """Untimed first calls on a short context, so that no recorded turn pays them."""
+    def warm_up(self, ids: list[int]) -> dict[str, float]:
+        """Untimed first calls on a short context, so that no recorded turn pays them; returns each method's
+        seconds per token in them where measured (the plan's estimate)."""
+        return {}
 
     def begin_trajectory(self) -> None:
         """A new trajectory starts: forget the previous one's cached context."""
 
     @abstractmethod
-    def decode(self, method: str, ids: list[int], seed: int) -> TurnResult:
-        """Decode one turn of `method` from the context `ids`; `seed` fixes its sampling (unused at T=0)."""
+    def decode(self, method: str, ids: list[int], seed: int,
+               on_step: Callable[[int], None] | None = None) -> TurnResult:
+        """Decode one turn of `method` from the context `ids`; `seed` fixes its sampling (unused at T=0);
+        `on_step(tokens)` reports progress (outside the timed intervals)."""
 
     @abstractmethod
     def describe(self) -> dict:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from evalsuite import contention
 from evalsuite.config import RunConfig
 from evalsuite.engines.base import Engine
 from evalsuite.engines.loop import decode_turn
@@ -76,10 +77,10 @@ class HfEngine(Engine):
         self.methods: dict[str, Method] = {}
         self.prefix: PrefixCache | None = None
 
-    def start(self, methods: list[str]) -> None:
+    def start(self, methods: list[str], threads: int | None = None) -> None:
         cfg = self.config
-        if cfg.threads is not None:
-            torch.set_num_threads(cfg.threads)
+        if threads is not None:
+            torch.set_num_threads(threads)
         self.target = TargetModel.load(cfg.target, cfg.device, cfg.dtype, cfg.weight_layout, cfg.kv_cache,
                                        cfg.compile)
         self.chat = self.target.chat
@@ -97,13 +98,17 @@ class HfEngine(Engine):
     def begin_trajectory(self) -> None:
         self.prefix = PrefixCache(self.target, self.layer_union)
 
-    def warm_up(self, ids: list[int]) -> None:
-        """One short decode per method, then a target forward of every verify block size the run can use
-        (1 … k+1) for each set of feature layers read."""
-        for method in self.methods.values():
+    def warm_up(self, ids: list[int]) -> dict[str, float]:
+        """One short decode per method (twice: the second is timed for the plan), then a target forward of every
+        verify block size the run can use (1 … k+1) for each set of feature layers read."""
+        per_token = {}
+        for name, method in self.methods.items():
             prefix = PrefixCache(self.target, method.feature_layers)
             prefix.prefill(ids)
-            self._loop(method, prefix, ids, 16, torch.Generator().manual_seed(0))
+            for _ in range(2):
+                result = self._loop(method, prefix, ids, 16, torch.Generator().manual_seed(0))
+                prefix.rewind()
+            per_token[name] = result.decode_s / max(len(result.output_ids), 1)
             method.reset()  # the warm-up reply is not part of the run
         for layers in sorted({m.feature_layers for m in self.methods.values()}):
             prefix = PrefixCache(self.target, layers)
@@ -113,8 +118,9 @@ class HfEngine(Engine):
                                      device=self.target.device)
                 self.target.forward(block, prefix.cache, layers)
                 prefix.rewind()
+        return per_token
 
-    def decode(self, method: str, ids: list[int], seed: int) -> TurnResult:
+    def decode(self, method: str, ids: list[int], seed: int, on_step=None) -> TurnResult:
         """Prefill (timed apart), then the decode loop --repeats times from the same seed; the median repeat."""
         if self.prefix is None:
             self.begin_trajectory()
@@ -124,17 +130,18 @@ class HfEngine(Engine):
         results = []
         for _ in range(self.config.repeats):
             results.append(self._loop(self.methods[method], self.prefix, ids, self.config.max_new_tokens,
-                                      torch.Generator().manual_seed(seed)))
+                                      torch.Generator().manual_seed(seed), on_step))
             self.prefix.rewind()
         result = median_repeat(results, f"method {method}")
         result.prefill_tokens, result.prefill_s = prefill_tokens, prefill_s
         return result
 
     def _loop(self, method: Method, prefix: PrefixCache, ids: list[int], max_new_tokens: int,
-              generator: torch.Generator) -> TurnResult:
+              generator: torch.Generator, on_step=None) -> TurnResult:
         context = torch.tensor(ids, dtype=torch.long, device=self.target.device)
         return decode_turn(self.target, method, prefix.cache, context, prefix.features_for(method.feature_layers),
-                           prefix.last_logits, self.config.k, self.sampling, max_new_tokens, generator, self.clock)
+                           prefix.last_logits, self.config.k, self.sampling, max_new_tokens, generator, self.clock,
+                           on_step)
 
     def describe(self) -> dict:
         target = self.target
@@ -151,6 +158,7 @@ class HfEngine(Engine):
             "drafter_sha256": {n: d.get("checkpoint_sha256") for n, d in methods.items()},
             "threads": torch.get_num_threads(),
             "device_facts": device_facts(target.device),
+            "device_processes": contention.cuda_processes() if target.device.type == "cuda" else [],
         }
 
 

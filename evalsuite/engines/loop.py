@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from evalsuite.methods.base import Method, Proposal, Sampling
@@ -34,10 +36,12 @@ def decode_turn(
     max_new_tokens: int,
     generator: torch.Generator | None,
     clock: DeviceClock,
+    on_step: Callable[[int], None] | None = None,
 ) -> TurnResult:
     """Decode one assistant turn after the target has prefilled `context_ids` into `cache`.
 
-    The cache is left longer than the context; the caller crops it back."""
+    The cache is left longer than the context; the caller crops it back. `on_step(emitted)` is called between
+    steps, outside their timed intervals (a progress bar)."""
     stop_ids = target.stop_ids
     layers = method.feature_layers
     context_len = context_ids.numel()
@@ -89,6 +93,8 @@ def decode_turn(
         anchor = out[-1]
         state = method.state_bytes()
         marks.append((step_start, draft_end, verify_end, commit_start, commit_end, clock.mark()))
+        if on_step is not None:
+            on_step(emitted)
         result.steps.append(Step(
             context_len=kv_len, num_drafted=drafts.numel(), num_accepted=counted, emitted=emitted,
             draft_s=0.0, verify_s=0.0, step_s=0.0, draft_state_bytes=state.total, draft_history_bytes=state.history,

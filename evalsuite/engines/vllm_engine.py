@@ -178,7 +178,7 @@ class VllmEngine(Engine):
         self.workers: dict[str, VllmWorker] = {}
         self._tmp = None
 
-    def start(self, methods: list[str]) -> None:
+    def start(self, methods: list[str], threads: int | None = None) -> None:
         check_methods(methods)
         self.vllm_python = find_vllm_python()  # before any loading: a missing vLLM is a one-line error
         # the tokenizer, template and window only: vLLM loads the weights itself, at the run's dtype and device
@@ -240,9 +240,10 @@ class VllmEngine(Engine):
                                "token; per-step times and draft memory are not available from vLLM (null)"},
         }
 
-    def warm_up(self, ids: list[int]) -> None:
+    def warm_up(self, ids: list[int]) -> dict[str, float]:
         for worker in self.workers.values():
             worker.generate(ids, 16, 0)
+        return {}
 
     def close(self) -> None:
         for worker in self.workers.values():
@@ -251,7 +252,7 @@ class VllmEngine(Engine):
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
 
-    def decode(self, method: str, ids: list[int], seed: int) -> TurnResult:
+    def decode(self, method: str, ids: list[int], seed: int, on_step=None) -> TurnResult:
         cfg = self.config
         token_limit = min(cfg.max_new_tokens, self.chat.max_context - len(ids))
         reply = self.workers[method].generate(list(ids), token_limit, seed)
@@ -266,6 +267,8 @@ class VllmEngine(Engine):
             self.inexact_turns += 1
         steps = [Step(context_len=s["context_len"], num_drafted=s["num_drafted"], num_accepted=s["num_accepted"],
                       emitted=s["emitted"]) for s in reply["steps"]]
+        if on_step is not None:
+            on_step(sum(s.emitted for s in steps))
         stop = "max_new_tokens"
         if out and out[-1] in self.chat.stop_ids:
             stop = "eos"

@@ -20,6 +20,7 @@ from evalsuite.report import html as html_page
 from evalsuite.report import published as published_numbers
 from evalsuite.report.figures import write_figures
 from evalsuite.report.load import Results, display_path, load_results
+from evalsuite.report.spans import span_section
 from evalsuite.report.tables import (Box, Cell, Table, baseline_table, break_even_table, context_effect_table,
                                      context_table, cost_context_table, cost_table, degenerate_turns_table,
                                      draft_length_table, headline_tables, position_table, position_tercile_table,
@@ -114,6 +115,10 @@ def write_report(paths: list[Path], out: Path, formats: set[str] = frozenset(FOR
                 [data_provenance_table(results), drafters_table(results, cards, out), provenance_table(results, out),
                  runs_table(results, out), environment_table(results)]),
     ]
+    span_items, span_files, span_notes = span_section(results, out / "figures")
+    if span_items:  # runs holding span labels (docs/spans.md): after the cost section
+        sections.insert(3, Section("spans", "Acceptance by span type and by copying", span_items))
+    report.files, report.notes = report.files + span_files, report.notes + span_notes
     for section in sections:
         section.items = [item for item in section.items if item is not None]
     warnings = [f"MIXED CONFIGURATIONS (--allow-mixed): {line}" for line in results.mixed] + dirty_warnings(results)

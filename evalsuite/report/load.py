@@ -22,7 +22,7 @@ from evalsuite.errors import UserError
 # the same task (otherwise two rows of one table column would come from different protocols).
 PER_TASK_FIELDS = ("task", "replay", "seed", "max_new_tokens", "context_policy", "max_turns")
 # What identifies which samples a run drew; runs of one task must agree on it too.
-SAMPLE_SET_FIELDS = ("subset", "data_sha256", "sample_ids")
+SAMPLE_SET_FIELDS = ("subset", "data_sha256", "sample_ids", "format")
 # Fields that every merged run must share, derived from the one list of drift fields.
 GLOBAL_FIELDS = tuple(f for f in DRIFT_FIELDS if f not in PER_TASK_FIELDS + SAMPLE_SET_FIELDS)
 
@@ -126,6 +126,9 @@ def _load_all(paths: list[Path], allow_mixed: bool, base: Path | None) -> Result
     steps_all = pd.concat(steps, ignore_index=True)
     turns_all = pd.concat(turns, ignore_index=True)
     notes = [note for info, run_turns in zip(runs, turns) for note in _unfinished(info, run_turns, base)]
+    notes += [f"{info.key}: --replay closed at T>0, every method ran its own agent loop, so its speedup is paired "
+              "with ar by turn index only (ar's decode of the same turn index saw another context)"
+              for info in runs if (info.config.get("closed_loop") or {}).get("loop") == "own"]
     steps_all, turns_all = _drop_duplicate_pairs(steps_all, turns_all, runs, notes)
     return Results(steps_all, turns_all, runs, mixed, notes)
 

@@ -44,6 +44,7 @@ class LoadOptions:
     seed: int = 0
     data_path: str | None = None
     subset: str | None = None
+    format: str | None = None  # --format: the trajectory format of --data-path (None: detected); swebench only
 
 
 @dataclass(frozen=True)
@@ -55,26 +56,31 @@ class TaskInfo:
     licence: str
     source: str
     subsets: tuple[str, ...] = ()  # what --subset accepts (for messages); empty: the task has none
+    formats: bool = False  # whether --format (a trajectory format for --data-path) applies
 
 
 TASKS: dict[str, TaskInfo] = {}
 
 
 def register_task(name: str, summary: str, licence: str, source: str, default_replay: str = "free",
-                  subsets: tuple[str, ...] = (), bundled: bool = True):
+                  subsets: tuple[str, ...] = (), bundled: bool = True, formats: bool = False):
     """Register an adapter. `subsets`: what --subset accepts (the adapter checks the names); `bundled`: whether
-    the task reads data/ when no --data-path is given. Before the adapter runs, a --subset for a task without
-    subsets is refused, and so is a run on bundled data when this install has none."""
+    the task reads data/ when no --data-path is given; `formats`: whether it reads --format. Before the adapter
+    runs, a --subset for a task without subsets is refused, so is a --format for a task without formats, and so is
+    a run on bundled data when this install has none."""
 
     def wrap(load: Callable[[LoadOptions], list[Trajectory]]):
         def checked_load(options: LoadOptions) -> list[Trajectory]:
             if options.subset is not None and not subsets:
                 raise UserError(f"--subset {options.subset}: task {name} has no subsets; drop --subset")
+            if options.format not in (None, "auto") and not formats:
+                raise UserError(f"--format {options.format}: task {name} reads one format; --format is for "
+                                "--task swebench trajectories")
             if options.data_path is None and bundled:
                 require_bundled("data", f"the bundled data of task {name}", "pass --data-path")
             return load(options)
 
-        TASKS[name] = TaskInfo(name, checked_load, summary, default_replay, licence, source, tuple(subsets))
+        TASKS[name] = TaskInfo(name, checked_load, summary, default_replay, licence, source, tuple(subsets), formats)
         return load
 
     return wrap
@@ -90,18 +96,27 @@ def get_task(name: str) -> TaskInfo:
 
 def replay_source(trajectories: list[Trajectory], replay: str) -> str:
     """Where the replies in each turn's context come from, in words (run.json's `replay_source`): under `logged`, the
-    authors named by the trajectories' `meta["logged_by"]` (e.g. "logged replies of google/gemini-3-pro-preview
-    (mini-swe-agent)"), else "logged replies from the task data"; under `free`, the method's own replies."""
-    multi_turn = any(len(t.turns) > 1 for t in trajectories)
-    if not multi_turn:
+    authors named by the trajectories' `meta["logged_by"]` or `meta["model"]` (e.g. "logged replies of
+    google/gemini-3-pro-preview (mini-swe-agent)"), else "logged replies from the task data"; under `closed`, the
+    executed loop; otherwise the method's own replies."""
+    if not any(len(t.turns) > 1 for t in trajectories):
         return "single-turn samples: no earlier replies in any context"
+    if replay == "closed":
+        return "closed loop: the model's own calls, executed, and their results"
     if replay != "logged":
         return "each method's own earlier replies"
-    authors = list(dict.fromkeys(str(t.meta["logged_by"]) for t in trajectories
-                                 if t.has_logged_replies and t.meta.get("logged_by")))
-    unknown = any(t.has_logged_replies and not t.meta.get("logged_by") for t in trajectories)
+
+    def author(t: Trajectory) -> str | None:
+        if t.meta.get("logged_by"):
+            return str(t.meta["logged_by"])
+        if t.meta.get("model"):
+            return f"{t.meta['model']} ({t.meta['format']})" if t.meta.get("format") else str(t.meta["model"])
+        return None
+
+    logged = [t for t in trajectories if t.has_logged_replies]
+    authors = list(dict.fromkeys(a for a in map(author, logged) if a))
     text = "logged replies of " + "; ".join(authors) if authors else "logged replies from the task data"
-    if authors and unknown:
+    if authors and any(author(t) is None for t in logged):
         text += " (and of unnamed authors in some samples)"
     if any(not t.has_logged_replies and len(t.turns) > 1 for t in trajectories):
         text += "; samples without logged replies continue with the method's own"

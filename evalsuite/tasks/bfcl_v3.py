@@ -11,6 +11,10 @@ as turn k's assistant message, as OpenAI-style tool calls; positional arguments 
 function doc's order. The files hold no tool observations (BFCL produces them by executing its simulated API
 classes, not bundled), so none are inserted. `long_context` differs from `base` only in those executed
 observations, so without them both replay alike.
+
+`meta` keeps what a closed loop needs to execute the target's own calls (evalsuite/tools/bfcl_loop.py,
+`--replay closed`): `involved_classes`, `initial_config` (each class's initial state), the raw `function_docs` and
+`long_context` (BFCL loads the long-context states for that category).
 """
 
 from __future__ import annotations
@@ -152,7 +156,8 @@ def load(options: LoadOptions) -> list[Trajectory]:
                          "tool_calls": [call_from_python(c, by_name, f"{answer_file} {sample_id} turn {k}")
                                         for c in calls]}
             turns.append(Turn(new_messages=[dict(m) for m in messages], logged_reply=reply))
-        trajectories.append(Trajectory(sample_id, turns, tools=[bfcl_tool(d) for d in docs],
-                                       meta={"involved_classes": classes,
-                                             "logged_by": "BFCL's ground-truth calls (possible_answer)"}))
+        meta = {"involved_classes": classes, "initial_config": row.get("initial_config") or {},
+                "function_docs": docs, "long_context": "long_context" in sample_id,
+                "logged_by": "BFCL's ground-truth calls (possible_answer)"}
+        trajectories.append(Trajectory(sample_id, turns, tools=[bfcl_tool(d) for d in docs], meta=meta))
     return seeded_subset(trajectories, options.limit, options.seed)
