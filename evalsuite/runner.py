@@ -29,7 +29,7 @@ from evalsuite.records import TurnKey, TurnRecord, step_records, turn_record
 from evalsuite.replay import ContextPolicy, MethodReplay, Window, check_replay_mode, make_policy
 from evalsuite.spans import SPANS_SCHEMA, SPANS_TABLE, label_turn, span_rows
 from evalsuite.store import RunStore, read_run
-from evalsuite.tasks.base import LoadOptions, Trajectory, get_task, select_samples
+from evalsuite.tasks.base import LoadOptions, Trajectory, get_task, replay_source, select_samples
 from evalsuite.tools.bfcl_loop import CLOSED, closed_replays, describe_closed_loop
 
 WARMUP_PROMPT = [{"role": "user", "content": "Warmup."}]
@@ -107,6 +107,7 @@ class Runner:
             "run_id": self.run_id,
             "engine": self.engine.name,
             "replay": self.replay,
+            "replay_source": replay_source(self.trajectories, self.replay),
             **engine,
             **self._replay_notes(),
             "task_licence": self.task.licence,
@@ -175,6 +176,7 @@ class Runner:
         sample = trajectory.sample_id
         replays = self._replays(trajectory, methods)
         stored = {name: {row.turn: row for row in self.stored.get((name, sample), [])} for name in methods}
+        earlier = {name: [] for name in methods}  # (turn, output ids) per method so far: the degenerate check
         self.engine.begin_trajectory()
         budget = self.config.max_new_tokens * self.config.repeats
         turn = 0
@@ -211,13 +213,17 @@ class Runner:
                 progress.step(max(budget - stepped[0], 0))  # the rest of this decode's budget
                 replays[name].record_reply(turn, self.chat.decode(result.output_ids))
                 records[name] = turn_record(key, **common, last=False, result=result, cpu_others=others,
-                                            contended=others is not None and others >= CONTENDED_CORES)
+                                            contended=others is not None and others >= CONTENDED_CORES,
+                                            earlier=earlier[name])
+                earlier[name].append((turn, list(result.output_ids)))
                 steps[name] = step_records(key, result, self.engine.name)
                 decoded[name] = (context.ids, result.output_ids)
             for name in methods:
                 if name not in decode and replays[name].has_turn(turn):  # stored: continue from the stored reply
                     row = stored[name].get(turn)
                     replays[name].replay_stored(turn, self._stored_text(row))
+                    if row is not None and row.output_ids is not None:
+                        earlier[name].append((turn, list(row.output_ids)))
             records = metrics.pair_turns(records)
             kept = [records[m] for m in wanted]
             for record in kept:

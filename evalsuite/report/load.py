@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from evalsuite import store
+from evalsuite import degenerate, store
 from evalsuite.config import DRIFT_FIELDS, PER_METHOD_DRIFT_FIELDS, drift_value
 from evalsuite.conventions import BASELINE
 from evalsuite.errors import UserError
@@ -41,7 +41,7 @@ class RunInfo:
 @dataclass
 class Results:
     steps: pd.DataFrame  # StepRecord rows plus `run` and `temperature`; `task` holds the task label
-    turns: pd.DataFrame  # TurnRecord rows (without output_ids) plus `run` and `temperature`
+    turns: pd.DataFrame  # TurnRecord rows plus `run` and `temperature`; `degenerate` filled for older runs
     runs: list[RunInfo]
     mixed: list[str] = field(default_factory=list)  # differences accepted under --allow-mixed, one line each
     notes: list[str] = field(default_factory=list)  # merge decisions the reader should know about
@@ -77,7 +77,7 @@ def read_run(path: Path, key: str) -> tuple[RunInfo, pd.DataFrame, pd.DataFrame]
         frame["run"] = key
         frame["task"] = info.task_label
         frame["temperature"] = float(info.config.get("temperature", float("nan")))
-    return info, steps, turns
+    return info, steps, degenerate.flag_turns(turns)  # flags of runs written before the runner recorded them
 
 
 def load_results(paths: list[Path], allow_mixed: bool = False, tasks: list[str] | None = None,
