@@ -102,11 +102,11 @@ def test_table1_puts_tau_and_speedup_side_by_side_per_task_with_a_mean(general_r
 
 def test_one_block_per_temperature(general_run, tmp_path):
     hot = write_run(tmp_path / "hot", "mt-bench", {"alpha": {"s1": [turn([(3, 1)])]}}, temperature=1.0)
-    results = load_results([general_run, hot], allow_mixed=True)
+    results = load_results([general_run, hot])
     summary = stats.summarize(results.steps, results.turns, seed=0, n_resamples=200)
     tables = headline_tables(summary, results.methods, results.tasks)
     assert [t.name for t in tables] == ["table1_T0", "table1_T1"]
-    assert [g[0].split(" (")[0] for g in tables[1].groups] == ["", "mt-bench", "Mean"]
+    assert [g[0].split(" (")[0] for g in tables[1].groups] == ["", "mt-bench T=1", "Mean"]
 
 
 def _cells(*intervals):
@@ -174,13 +174,13 @@ def test_report_cis_are_reproducible(general_run, tmp_path):
 
 
 # ---- merging ---------------------------------------------------------------------------------------------------
-def test_mixed_temperature_is_refused_naming_the_field(general_run, tmp_path):
-    hot = write_run(tmp_path / "hot", "mt-bench", {"alpha": {"s1": [turn([(3, 1)])]}}, temperature=1.0)
-    with pytest.raises(UserError, match="temperature differs.*--allow-mixed"):
-        load_results([general_run, hot])
-    results = load_results([general_run, hot], allow_mixed=True)
-    assert any(line.startswith("temperature differs") for line in results.mixed)
-    assert set(results.tasks) == {"gsm8k", "mt-bench"}
+def test_runs_of_one_task_at_two_temperatures_are_two_columns_never_pooled(general_run, tmp_path):
+    hot = write_run(tmp_path / "hot", "gsm8k", {"alpha": {"s1": [turn([(3, 1)])]}}, temperature=1.0)
+    results = load_results([general_run, hot])  # no --allow-mixed needed: nothing is mixed
+    assert results.mixed == [] and results.tasks == ["gsm8k", "gsm8k T=1"]
+    summary = stats.summarize(results.steps, results.turns, seed=0, n_resamples=200).set_index(["method", "task"])
+    assert summary.loc[("alpha", "gsm8k T=1"), "trajectories"] == 1  # the hot run's own trajectory only
+    assert summary.loc[("alpha", "gsm8k T=1"), "temperature"] == 1.0
 
 
 @pytest.mark.parametrize("field, value", [("target_sha256", "u" * 64), ("chat_template_sha256", "d" * 16),
@@ -224,9 +224,9 @@ def test_per_method_options_are_compared_for_shared_methods(general_run, tmp_pat
 
 
 def test_cli_refuses_mixed_runs_with_exit_code_2(general_run, tmp_path):
-    hot = write_run(tmp_path / "hot", "gsm8k", {"gamma": {"s1": [turn([(3, 1)])]}}, temperature=0.7)
+    hot = write_run(tmp_path / "hot", "gsm8k", {"gamma": {"s1": [turn([(3, 1)])]}}, k=5)
     result = CliRunner().invoke(app, ["report", str(general_run), str(hot), "--out", str(tmp_path / "rep")])
-    assert result.exit_code == 2 and "temperature differs" in result.output
+    assert result.exit_code == 2 and "k differs" in result.output
     result = CliRunner().invoke(app, ["report", str(general_run), str(hot), "--out", str(tmp_path / "rep"),
                                       "--allow-mixed", "--format", "md", "--resamples", "200"])
     assert result.exit_code == 0, result.output
