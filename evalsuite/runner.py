@@ -81,6 +81,9 @@ class Runner:
         if not self.trajectories:
             raise UserError(f"task {self.config.task}: no samples to run")
         check_replay_mode(self.config.replay, self.trajectories, self.config.task)
+        if self.config.context_points and self.replay == "free" and any(len(t.turns) > 1 for t in self.trajectories):
+            raise UserError(f"--context-points: task {self.config.task} replays the model's own replies (free), but "
+                            "the turns between points are not decoded; use --replay logged")
         self.contention = contention.snapshot()  # before loading: what else keeps the CPU busy
         self.threads_requested = self.config.threads
         self.config = replace(self.config, threads=contention.resolve_threads(self.config.threads, self.contention))
@@ -195,7 +198,7 @@ class Runner:
                               dropped_tokens=context.dropped_tokens, dropped_messages=context.dropped_messages,
                               position=position, engine=self.engine.name, worker_host=self.worker_host,
                               worker_device=self.worker_device, repo=str(trajectory.meta.get("repo") or ""),
-                              pairing=context.pairing)
+                              pairing=context.pairing, context_point=context.context_point)
                 if context.skipped:
                     replays[name].record_reply(turn, None)
                     records[name] = turn_record(key, **common, last=False, skip_reason=context.skip_reason)
@@ -256,7 +259,7 @@ class Runner:
             return closed_replays(trajectory, methods, self.policy, self._render, self.config.temperature,
                                   self.config.max_turns)
         return {name: MethodReplay(trajectory, self.replay, self.policy, self._render(trajectory),
-                                   self.config.max_turns) for name in methods}
+                                   self.config.max_turns, self.config.context_points) for name in methods}
 
     def _replay_notes(self) -> dict:
         return describe_closed_loop(self.config.temperature) if self.replay == CLOSED else {}
