@@ -72,8 +72,8 @@ class TurnContext:
     dropped_messages: int = 0
     dropped_tokens: int = 0
     skip_reason: str = ""
-    context_point: int = 0  # --context-points: the largest point this turn is the first to reach (0: none)
     pairing: str = ""  # how `ar`'s decode of this turn index relates to this context (TurnRecord.pairing)
+    context_point: int = 0  # --context-points: the largest point this turn is the first to reach (0: none)
 
     @property
     def context_len(self) -> int:
