@@ -125,3 +125,25 @@ def test_the_runner_records_degenerate_flags_and_the_replay_source(real_runs):
         assert turns.degenerate.notna().all() and turns.degenerate_reason.notna().all()
         config = json.loads((run / "run.json").read_text())
         assert config["replay_source"] and "degenerate" in config["conventions"]
+
+
+def test_swebench_results_split_by_repository(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from evalsuite.report.load import load_results
+    from evalsuite.report.tables import repository_table
+    from tests.helpers import turn, write_run
+
+    run = write_run(tmp_path / "swe", "swebench", {
+        "ngram": {"s1": [turn([(3, 3)])], "s2": [turn([(3, 0)])]},
+        "ar": {"s1": [turn([(0, 0)])], "s2": [turn([(0, 0)])]}})
+    for part in (run / "turns.parquet").glob("*.parquet"):  # the runner fills `repo` from the instance
+        table = pq.read_table(part).to_pandas()
+        table["repo"] = table.sample_id.map({"s1": "django/django", "s2": "psf/requests"})
+        pq.write_table(pa.Table.from_pandas(table, preserve_index=False), part)
+    results = load_results([run])
+    table = repository_table(results.steps, results.turns)
+    by_repo = table.csv.set_index("repo")
+    assert set(by_repo.index) == {"django/django", "psf/requests"} and (by_repo.method == "ngram").all()
+    assert by_repo.tau["django/django"] == 4.0 and by_repo.tau["psf/requests"] == 1.0

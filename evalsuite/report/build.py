@@ -24,7 +24,7 @@ from evalsuite.report.spans import span_section
 from evalsuite.report.tables import (Box, Cell, Table, baseline_table, break_even_table, context_effect_table,
                                      context_table, cost_context_table, cost_table, degenerate_turns_table,
                                      draft_length_table, headline_tables, position_table, position_tercile_table,
-                                     results_table, summary_table, tau_macro_table, telemetry_table, to_latex,
+                                     repository_table, results_table, summary_table, tau_macro_table, telemetry_table, to_latex,
                                      to_markdown, without_degenerate_table)
 
 FORMATS = ("md", "latex", "csv", "html")
@@ -108,7 +108,7 @@ def write_report(paths: list[Path], out: Path, formats: set[str] = frozenset(FOR
                  figure.get("per_position"), position_table(position_rates), position_tercile_table(position_rates),
                  draft_length_table(_in_report_order(positions.draft_length_table(steps, turns, limits), results)),
                  tau_macro_table(summary, results.methods, results.tasks),
-                 cost_table(steps, results.methods, results.tasks),
+                 cost_table(steps, results.methods, results.tasks), repository_table(steps, turns),
                  published_numbers.comparison_table(results, summary, published_numbers.load_published(published_dir)),
                  results_table(summary)]),
         Section("configuration", "Configuration, data and provenance",

@@ -487,6 +487,32 @@ def results_table(summary: pd.DataFrame) -> Table:
     return Table("all_results", "All results: every method × task, with counts", header, rows, notes, summary)
 
 
+def repository_table(steps: pd.DataFrame, turns: pd.DataFrame) -> Table | None:
+    """τ and paired speedup per repository, for tasks whose samples name one (SWE-Bench: TurnRecord.repo)."""
+    if "repo" not in turns.columns or not (turns.repo.fillna("") != "").any():
+        return None
+    rows, records = [], []
+    for (task, repo, method), cell in turns[turns.repo.fillna("") != ""].groupby(["task", "repo", "method"],
+                                                                                 sort=True):
+        if method == BASELINE:
+            continue
+        keys = set(zip(cell.run, cell.sample_id))
+        cell_steps = steps[(steps.task == task) & (steps.method == method) &
+                           pd.Series([k in keys for k in zip(steps.run, steps.sample_id)], index=steps.index)]
+        record = {"task": task, "repo": repo, "method": method, "n_trajectories": cell.sample_id.nunique(),
+                  "n_turns": len(metrics.decoded(cell)), "tau": metrics.tau(cell_steps),
+                  "speedup": metrics.speedup(cell)}
+        records.append(record)
+        rows.append([Cell(task), Cell(repo), Cell(method), Cell(record["n_trajectories"]), Cell(record["n_turns"]),
+                     Cell(record["tau"]), Cell(record["speedup"])])
+    if not rows:
+        return None
+    notes = [conventions.TAU, conventions.SPEEDUP, "per repository of the SWE-Bench instance each trajectory "
+             "solves (turns.parquet `repo`); no interval: most repositories hold one or two trajectories"]
+    return Table("by_repository", "τ and speedup per repository", ["Task", "Repository", "Method", "trajectories",
+                 "turns", "τ", "speedup"], rows, notes, pd.DataFrame(records))
+
+
 # ---- per-position acceptance and draft lengths -------------------------------------------------------------------
 def position_table(table: pd.DataFrame) -> Table | None:
     """Per task × drafting method (all of the task's steps): marginal and conditional acceptance per position, each
