@@ -6,6 +6,7 @@ get_method` imports a method's module only when it is built.
 from __future__ import annotations
 
 import difflib
+import importlib
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -40,6 +41,11 @@ class MethodSpec:
     options: dict[str, Option] = field(default_factory=dict)
     learns_across_turns: bool = False  # keeps what earlier replies taught it, so a repeated turn is different work
     not_in_vllm: str = ""  # why `--engine vllm` cannot run it ("" = vLLM runs it)
+
+    @property
+    def factory(self):
+        """The method's `build(target, options)`; importing its module (and torch) only now."""
+        return importlib.import_module(f"evalsuite.methods.{self.module}").build
 
     def parse_options(self, raw: dict) -> dict:
         """`--method-option` values for this method, converted and checked; an unknown key is a one-line error."""

@@ -87,6 +87,17 @@ def _parse_method_options(values: list[str]) -> dict[str, dict[str, str]]:
     return found
 
 
+def _parse_points(value: str) -> list[int]:
+    """`2k,4k,8k,16k` (k = 1,000) or plain token counts → [2000, 4000, ...]."""
+    points = []
+    for item in (v.strip().lower() for v in value.split(",") if v.strip()):
+        try:
+            points.append(int(float(item[:-1]) * 1000) if item.endswith("k") else int(item))
+        except ValueError:
+            raise UserError(f"--context-points {value}: token counts such as 2k,4k,8k (k = 1,000)") from None
+    return points
+
+
 def _infer_auto_method(methods: list[str], drafters: list[str]) -> list[str]:
     """`--method auto --drafter PATH`: the method is read from the checkpoint's config.json."""
     if "auto" not in methods:
@@ -156,6 +167,10 @@ def run(
                                           "decoding in its own venv: ar, ngram, eagle3; see README)."),
     sample_ids: Optional[str] = typer.Option(None, help="Comma-separated sample ids to run, in this order "
                                              "(instead of a seeded --limit subset)."),
+    context_points: Optional[str] = typer.Option(None, help="Decode only the first turn of each trajectory whose "
+                                                 "context reaches each of these token counts, e.g. 2k,4k,8k,16k "
+                                                 "(k = 1,000); the turns between are prefilled, not decoded, and "
+                                                 "recorded as skips. Logged replay only."),
     threads: str = typer.Option("auto", help="torch threads, or auto: the cores other processes leave free "
                                 "(measured before the run); recorded, and a drift field for --resume."),
 ):
@@ -173,6 +188,7 @@ def run(
         sample_ids=None if sample_ids is None else [s.strip() for s in sample_ids.split(",") if s.strip()],
         threads=threads, workers=workers, ray_address=ray_address, gpus_per_worker=gpus_per_worker,
         threads_per_worker=threads_per_worker,
+        context_points=None if context_points is None else _parse_points(context_points),
     )
     run_id = out_dir.name if out_dir else f"{task}-{'_'.join(methods)}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = out_dir or Path("results") / run_id

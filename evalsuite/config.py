@@ -68,6 +68,7 @@ class RunConfig:
     sample_ids: list[str] | None = None  # exact samples to run (instead of a seeded --limit subset)
     threads: int | str | None = "auto"  # torch intra-op threads: "auto" = the cores other processes leave free
     # (evalsuite.contention); the count used is recorded and is a drift field
+    context_points: list[int] | None = None  # decode only the first turn whose context reaches each (tokens)
     workers: int = 1  # Ray worker actors (1 = this process, no Ray)
     ray_address: str | None = None  # join this Ray cluster (implies the Ray path)
     gpus_per_worker: float | None = None  # None: 1 with --device cuda, 0 on cpu
@@ -80,6 +81,7 @@ class RunConfig:
         self._check_choices()
         self._check_methods()
         self._check_samples()
+        self._check_points()
         self._check_engine()
         self._check_data_format()
         self._check_closed_loop()
@@ -166,6 +168,18 @@ class RunConfig:
                 raise UserError(f"--repeats {self.repeats}: method {learning[0]} learns from every reply it sees, so "
                                 "a repeated turn would not repeat the same work; use --repeats 1")
 
+    def _check_points(self) -> None:
+        if self.context_points is None:
+            return
+        if not self.context_points or any(not isinstance(p, int) or p < 1 for p in self.context_points):
+            raise UserError(f"--context-points {self.context_points}: positive token counts, e.g. 2k,4k,8k")
+        if sorted(set(self.context_points)) != list(self.context_points):
+            raise UserError(f"--context-points {','.join(map(str, self.context_points))}: give them increasing, "
+                            "each once")
+        if self.replay in ("free", "closed"):
+            raise UserError(f"--context-points with --replay {self.replay}: the turns between points are not decoded, so the "
+                            "model writes no reply to continue from; use logged replay")
+
     def _check_samples(self) -> None:
         if self.sample_ids is not None:
             if not self.sample_ids:
@@ -231,7 +245,7 @@ class RunConfig:
 DRIFT_FIELDS = ("target_sha256", "chat_template_sha256", "tokenizer_sha256", "enable_thinking", "temperature",
                 "top_p", "top_k", "k", "max_new_tokens", "seed", "task", "subset", "data_sha256", "sample_ids",
                 "max_turns", "replay", "context_policy", "dtype", "weight_layout", "kv_cache", "compile", "threads",
-                "engine", "repeats", "format")
+                "engine", "repeats", "format", "context_points")
 # Per-method drift fields ({method: value}): compared for the methods two runs share (a resume may add methods).
 PER_METHOD_DRIFT_FIELDS = ("drafter_sha256", "method_options")
 

@@ -120,23 +120,88 @@ def per_turn(steps: pd.DataFrame, turns: pd.DataFrame) -> pd.DataFrame:
     return done.drop(columns=["sum", "count"])
 
 
-def per_position(steps: pd.DataFrame, max_position: int | None = None) -> pd.DataFrame:
-    """One row per draft position j = 1..K with the counts behind both rates:
-    drafted = steps that drafted >= j tokens; reached = those that also accepted 1..j-1; accepted = those that also
-    accepted j; conditional = accepted / reached, marginal = accepted / drafted."""
-    drafted_len = steps.num_drafted.to_numpy()
-    accepted_len = steps.num_accepted.to_numpy()
-    k = int(drafted_len.max()) if len(steps) else 0
-    k = k if max_position is None else max_position
+TURN_KEYS = ["run", "method", "task", "sample_id", "turn"]
+
+
+def draft_room(steps: pd.DataFrame, turns: pd.DataFrame | None = None,
+               limits: Mapping[str, Mapping] | None = None) -> pd.Series:
+    """The draft length the engine offered at each step (aligned with `steps`), as the decode loop computes it:
+    room = min(K, token_limit - tokens produced before the step - 1), 0 for `budget_limited` steps.
+
+    tokens produced before the step = the step's context_len - its turn's context_len + 1 (the KV holds the
+    context and every output token but the newest); token_limit = the turn's new_tokens where it stopped at its
+    budget (`max_new_tokens`, `context_limit`), else min(max_new_tokens, max_context - context) from `limits`
+    ({run: {"k", "max_new_tokens", "max_context"}}, run.json's k, max_new_tokens and target_max_context), else
+    unbounded. K = the run's `k` from `limits`, else the largest draft the method made in that run. Without
+    `turns` only K and `budget_limited` bound the room."""
+    if steps.empty:
+        return pd.Series(np.zeros(0), index=steps.index, dtype=float)
+    limits = limits or {}
+    run = steps.run if "run" in steps.columns else pd.Series("", index=steps.index)
+    method = steps.method if "method" in steps.columns else pd.Series("", index=steps.index)
+    largest = steps.num_drafted.groupby([run, method]).transform("max").astype(float)
+    k = run.map(lambda r: (limits.get(r) or {}).get("k")).astype(float).fillna(largest)
+    token_limit = pd.Series(np.inf, index=steps.index)
+    keys = [c for c in TURN_KEYS if c in steps.columns]
+    if turns is not None and len(turns) and keys and all(c in turns.columns for c in keys):
+        index = pd.MultiIndex.from_frame(steps[keys])
+        keyed = turns.drop_duplicates(keys).set_index(keys)
+        turn_context = keyed.context_len.reindex(index).to_numpy(float)
+        at_budget = np.isin(keyed.stop_reason.reindex(index).to_numpy(object), ["max_new_tokens", "context_limit"])
+        limit = np.where(at_budget, keyed.new_tokens.reindex(index).to_numpy(float), np.inf)
+        for key, value in limits.items():  # EOS turns: the budget the loop had, from the run's configuration
+            mine = (run == key).to_numpy() & ~at_budget
+            if not mine.any() or not value:
+                continue
+            cap = np.full(mine.sum(), float(value.get("max_new_tokens") or np.inf))
+            if value.get("max_context"):
+                cap = np.minimum(cap, float(value["max_context"]) - turn_context[mine])
+            limit[mine] = cap
+        produced = steps.context_len.to_numpy(float) - turn_context + 1
+        token_limit = pd.Series(limit - produced, index=steps.index)
+    room = np.minimum(k, token_limit - 1).clip(lower=0).fillna(k)
+    if "budget_limited" in steps.columns:
+        room[steps.budget_limited.fillna(False).astype(bool).to_numpy()] = 0
+    return room
+
+
+def per_position(steps: pd.DataFrame, max_position: int | None = None, room=None) -> pd.DataFrame:
+    """One row per draft position j = 1..K with the counts behind both rates, over the steps with room > 0:
+    room = steps whose room allowed j drafts (`draft_room`, computed from the steps alone when not given);
+    drafted = those that drafted >= j; reached = room >= j and positions 1..j-1 accepted; accepted = room >= j and
+    1..j accepted; marginal = accepted / room, conditional = accepted / reached (conventions.POSITION). A drafter
+    that proposed fewer than j tokens where it had room counts as not accepted at j."""
+    room = draft_room(steps) if room is None else pd.Series(np.asarray(room, float), index=steps.index)
+    keep = (room > 0).to_numpy()
+    drafted_len = steps.num_drafted.to_numpy()[keep]
+    accepted_len = steps.num_accepted.to_numpy()[keep]
+    room_len = room.to_numpy(float)[keep]
+    k = int(max(drafted_len.max(initial=0), room_len.max(initial=0))) if max_position is None else max_position
     rows = []
     for j in range(1, k + 1):
-        drafted = int((drafted_len >= j).sum())
-        reached = int(((drafted_len >= j) & (accepted_len >= j - 1)).sum())
-        accepted = int(((drafted_len >= j) & (accepted_len >= j)).sum())
-        rows.append({"position": j, "drafted": drafted, "reached": reached, "accepted": accepted,
-                     "conditional": accepted / reached if reached else float("nan"),
-                     "marginal": accepted / drafted if drafted else float("nan")})
-    return pd.DataFrame(rows, columns=["position", "drafted", "reached", "accepted", "conditional", "marginal"])
+        has_room = room_len >= j
+        n_room = int(has_room.sum())
+        reached = int((has_room & (accepted_len >= j - 1)).sum())
+        accepted = int((has_room & (accepted_len >= j)).sum())
+        rows.append({"position": j, "room": n_room, "drafted": int((drafted_len >= j).sum()), "reached": reached,
+                     "accepted": accepted, "conditional": accepted / reached if reached else float("nan"),
+                     "marginal": accepted / n_room if n_room else float("nan")})
+    return pd.DataFrame(rows, columns=["position", "room", "drafted", "reached", "accepted", "conditional",
+                                       "marginal"])
+
+
+def draft_lengths(steps: pd.DataFrame, room=None) -> dict:
+    """Over the steps with room > 0: mean drafted length per step, acceptance per drafted token (Σ accepted /
+    Σ drafted), the share of steps that drafted their full room (a fixed-K drafter: about 1) and their τ."""
+    room = draft_room(steps) if room is None else pd.Series(np.asarray(room, float), index=steps.index)
+    keep = (room > 0).to_numpy()
+    cell, room = steps[keep], room[keep]
+    drafted = float(cell.num_drafted.sum())
+    return {"n_steps": len(cell), "mean_drafted": float(cell.num_drafted.mean()) if len(cell) else float("nan"),
+            "accept_rate_per_drafted_token": float(cell.num_accepted.sum()) / drafted if drafted else float("nan"),
+            "share_full_room": float((cell.num_drafted.to_numpy() >= room.to_numpy()).mean()) if len(cell)
+            else float("nan"),
+            "tau": float((cell.num_accepted + 1).mean()) if len(cell) else float("nan")}
 
 
 def ar_ms_per_token(turns: pd.DataFrame) -> float:

@@ -116,7 +116,8 @@ def pending_turns(runner, unit) -> list[tuple[int, int, list[str]]]:
     """(context tokens, new context tokens to prefill, methods to decode) per turn of a unit that has a decode.
     Contexts follow the run's replay; a reply not written yet is a placeholder of --max-new-tokens tokens."""
     trajectory = unit.trajectory
-    replay = MethodReplay(trajectory, runner.replay, runner.policy, runner._render(trajectory), runner.config.max_turns)
+    replay = MethodReplay(trajectory, runner.replay, runner.policy, runner._render(trajectory), runner.config.max_turns,
+                          runner.config.context_points)
     stored = {m: {row.turn for row in runner.stored.get((m, trajectory.sample_id), [])} for m in unit.methods}
     placeholder = PLACEHOLDER_WORD * runner.config.max_new_tokens
     found, previous, turn = [], 0, 0

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 import pyarrow as pa
 
-from evalsuite import metrics
+from evalsuite import degenerate, metrics
 from evalsuite.conventions import SKIPPED
 
 
@@ -100,12 +100,15 @@ class TurnRecord:
     worker_device: str = ""  # its device: cpu, or cuda:N with N the physical GPU
     engine: str = "hf"  # "hf" (ours) | "vllm"
     last: bool = False  # the last turn of this (method, sample): the trajectory is finished for the method
+    context_point: int = 0  # --context-points: the largest point this turn is the first to reach (0: not a point)
     cpu_others: float = float("nan")  # cores other processes kept busy on average during this decode (NaN: unknown)
     contended: bool = False  # cpu_others >= evalsuite.contention.CONTENDED_CORES: its timings are not an idle machine's
     repo: str = ""  # the sample's repository (SWE-bench: Trajectory.meta["repo"]), "" where the task has none
     # "" = paired with `ar`'s decode of the same context; "turn_index" = paired by turn index only (closed loop at
     # T>0: every method runs its own loop, so `ar`'s decode of this index saw another context)
     pairing: str = ""
+    degenerate: bool = False  # the reply copies an earlier reply of the trajectory or loops (evalsuite.degenerate)
+    degenerate_reason: str = ""  # its evidence, e.g. "copies 47 tokens of turn 0's reply"
 
 
 def step_records(key: TurnKey, result: TurnResult, engine: str) -> list[StepRecord]:
@@ -117,21 +120,26 @@ def step_records(key: TurnKey, result: TurnResult, engine: str) -> list[StepReco
 def turn_record(key: TurnKey, *, replay: str, context_len: int, dropped_tokens: int, dropped_messages: int,
                 position: int, engine: str, worker_host: str, worker_device: str, last: bool,
                 result: TurnResult | None = None, skip_reason: str = "", cpu_others: float | None = None,
-                contended: bool = False, repo: str = "", pairing: str = "") -> TurnRecord:
+                contended: bool = False, repo: str = "", pairing: str = "", context_point: int = 0,
+                earlier: list[tuple[int, list[int]]] = ()) -> TurnRecord:
     """The row of one turn: decoded (`result`) or skipped (`skip_reason`). Pairing comes later
-    (`metrics.pair_turns`)."""
+    (`metrics.pair_turns`). `earlier`: the (turn, output ids) this method decoded before in the trajectory, against
+    which the reply is checked for degeneration."""
     common = dict(**asdict(key), replay=replay, context_len=context_len, prompt_tokens=context_len,
                   dropped_tokens=dropped_tokens, dropped_messages=dropped_messages, position=position, engine=engine,
-                  worker_host=worker_host, worker_device=worker_device, last=last, repo=repo, pairing=pairing)
+                  worker_host=worker_host, worker_device=worker_device, last=last, repo=repo, pairing=pairing,
+                  context_point=context_point)
     if result is None:
         return TurnRecord(**common, stop_reason=SKIPPED, skip_reason=skip_reason)
+    flagged, reason = degenerate.flag_reply(result.output_ids, earlier)
     return TurnRecord(**common, cpu_others=float("nan") if cpu_others is None else cpu_others, contended=contended,
                       prefill_tokens=result.prefill_tokens, new_tokens=len(result.output_ids),
                       num_steps=len(result.steps), prefill_s=result.prefill_s,
                       draft_prefill_s=result.draft_prefill_s, decode_s=result.decode_s,
                       tau=metrics.tau_of([s.num_accepted for s in result.steps],
                                          [s.budget_limited for s in result.steps]),
-                      stop_reason=result.stop_reason, output_ids=list(result.output_ids))
+                      stop_reason=result.stop_reason, output_ids=list(result.output_ids), degenerate=flagged,
+                      degenerate_reason=reason)
 
 
 def _schema(cls) -> pa.Schema:

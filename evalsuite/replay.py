@@ -73,6 +73,7 @@ class TurnContext:
     dropped_tokens: int = 0
     skip_reason: str = ""
     pairing: str = ""  # how `ar`'s decode of this turn index relates to this context (TurnRecord.pairing)
+    context_point: int = 0  # --context-points: the largest point this turn is the first to reach (0: none)
 
     @property
     def context_len(self) -> int:
@@ -191,7 +192,7 @@ class MethodReplay:
     turn i + 1 exists (the closed loop, `evalsuite.tools.bfcl_loop.ClosedReplay`): the runner asks after it."""
 
     def __init__(self, trajectory: Trajectory, mode: str, policy: ContextPolicy, render: Render,
-                 max_turns: int | None = None):
+                 max_turns: int | None = None, context_points: list[int] | None = None):
         if mode not in ("logged", "free"):
             raise ValueError(f"replay mode {mode!r}")
         self.trajectory = trajectory
@@ -199,6 +200,8 @@ class MethodReplay:
         self.policy = policy
         self.render = render
         self.turn_count = len(trajectory.turns[:max_turns])
+        self.point_mode = bool(context_points)
+        self.points = sorted(context_points or [])  # --context-points not reached yet
         self.history: list[dict] = []
         self.logged_replies = 0  # replies in the history taken from the log
         self.model_replies = 0  # replies in the history the model produced
@@ -211,14 +214,30 @@ class MethodReplay:
         turn = self.trajectory.turns[index]
         if turn.prompt_ids is not None:
             ids, dropped, skip = self.policy.fit_ids(list(turn.prompt_ids))
-            return TurnContext("raw", ids, 0, dropped, skip)
+            return self._at_points(TurnContext("raw", ids, 0, dropped, skip))
         label = self._label()
         if self.broken:
             return TurnContext(label, [], skip_reason=self.broken)
         self.history.extend(turn.new_messages)
         ids, dropped_messages, dropped_tokens, skip = self.policy.fit_messages(
             self.history, len(turn.new_messages), self.render)
-        return TurnContext(label, ids, dropped_messages, dropped_tokens, skip)
+        return self._at_points(TurnContext(label, ids, dropped_messages, dropped_tokens, skip))
+
+    def _at_points(self, context: TurnContext) -> TurnContext:
+        """--context-points: only the first turn whose context reaches each point is decoded; the others are
+        recorded skips (their context is prefilled with the next decoded turn's)."""
+        if not self.point_mode or context.skipped:
+            return context
+        reached = [p for p in self.points if context.context_len >= p]
+        if reached:
+            self.points = [p for p in self.points if p > context.context_len]
+            context.context_point = max(reached)
+        elif self.points:
+            context.skip_reason = (f"between context points: {context.context_len:,} tokens, the next point is "
+                                   f"{self.points[0]:,} (--context-points)")
+        else:
+            context.skip_reason = "past the last context point (--context-points)"
+        return context
 
     def record_reply(self, index: int, text: str | None) -> None:
         """After turn `index`: the model's reply text, or None when the turn was skipped."""
@@ -295,7 +314,7 @@ def stored_contexts(config: dict, turns, chat, pairs: Iterable[tuple[str, str]] 
             continue
         render = (lambda messages, tools=trajectory.tools:
                   chat.render(messages, tools, bool(config.get("enable_thinking"))))
-        replay = MethodReplay(trajectory, mode, policy, render, config.get("max_turns"))
+        replay = MethodReplay(trajectory, mode, policy, render, config.get("max_turns"), config.get("context_points"))
         index = 0
         while replay.has_turn(index):
             row = rows.get((method, sample, index))

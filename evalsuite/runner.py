@@ -29,7 +29,7 @@ from evalsuite.records import TurnKey, TurnRecord, step_records, turn_record
 from evalsuite.replay import ContextPolicy, MethodReplay, Window, check_replay_mode, make_policy
 from evalsuite.spans import SPANS_SCHEMA, SPANS_TABLE, label_turn, span_rows
 from evalsuite.store import RunStore, read_run
-from evalsuite.tasks.base import LoadOptions, Trajectory, get_task, select_samples
+from evalsuite.tasks.base import LoadOptions, Trajectory, get_task, replay_source, select_samples
 from evalsuite.tools.bfcl_loop import CLOSED, closed_replays, describe_closed_loop
 
 WARMUP_PROMPT = [{"role": "user", "content": "Warmup."}]
@@ -81,6 +81,9 @@ class Runner:
         if not self.trajectories:
             raise UserError(f"task {self.config.task}: no samples to run")
         check_replay_mode(self.config.replay, self.trajectories, self.config.task)
+        if self.config.context_points and self.replay == "free" and any(len(t.turns) > 1 for t in self.trajectories):
+            raise UserError(f"--context-points: task {self.config.task} replays the model's own replies (free), but "
+                            "the turns between points are not decoded; use --replay logged")
         self.contention = contention.snapshot()  # before loading: what else keeps the CPU busy
         self.threads_requested = self.config.threads
         self.config = replace(self.config, threads=contention.resolve_threads(self.config.threads, self.contention))
@@ -107,6 +110,7 @@ class Runner:
             "run_id": self.run_id,
             "engine": self.engine.name,
             "replay": self.replay,
+            "replay_source": replay_source(self.trajectories, self.replay),
             **engine,
             **self._replay_notes(),
             "task_licence": self.task.licence,
@@ -175,67 +179,80 @@ class Runner:
         sample = trajectory.sample_id
         replays = self._replays(trajectory, methods)
         stored = {name: {row.turn: row for row in self.stored.get((name, sample), [])} for name in methods}
+        earlier = {name: [] for name in methods}  # (turn, output ids) per method so far: the degenerate check
         self.engine.begin_trajectory()
-        budget = self.config.max_new_tokens * self.config.repeats
         turn = 0
         while any(replay.has_turn(turn) for replay in replays.values()):
             wanted = [m for m in methods if replays[m].has_turn(turn) and turn not in stored[m]]
             ar_has_turn = BASELINE in replays and replays[BASELINE].has_turn(turn)  # its own loop may end first
             decode = set(wanted) | ({BASELINE} if set(wanted) - {BASELINE} and ar_has_turn else set())
-            records: dict[str, TurnRecord] = {}
-            steps = {}
-            decoded: dict[str, tuple[list[int], list[int]]] = {}  # method → (context ids, output ids)
-            order = [m for m in self.turn_order(sample, turn) if m in decode]
-            for position, name in enumerate(order):
+            records, steps, decoded = {}, {}, {}
+            for position, name in enumerate(m for m in self.turn_order(sample, turn) if m in decode):
                 context = replays[name].context(turn)
-                key = TurnKey(self.run_id, name, self.config.task, sample, turn)
-                common = dict(replay=context.replay, context_len=context.context_len,
-                              dropped_tokens=context.dropped_tokens, dropped_messages=context.dropped_messages,
-                              position=position, engine=self.engine.name, worker_host=self.worker_host,
-                              worker_device=self.worker_device, repo=str(trajectory.meta.get("repo") or ""),
-                              pairing=context.pairing)
-                if context.skipped:
-                    replays[name].record_reply(turn, None)
-                    records[name] = turn_record(key, **common, last=False, skip_reason=context.skip_reason)
-                    continue
-                stepped = [0]
-
-                def on_step(tokens: int) -> None:
-                    stepped[0] += tokens
-                    progress.step(tokens)
-
-                meter = contention.Meter()
-                meter.start()
-                result = self.engine.decode(name, context.ids, turn_seed(self.config.seed, sample, turn), on_step)
-                others = meter.stop()
-                progress.step(max(budget - stepped[0], 0))  # the rest of this decode's budget
-                replays[name].record_reply(turn, self.chat.decode(result.output_ids))
-                records[name] = turn_record(key, **common, last=False, result=result, cpu_others=others,
-                                            contended=others is not None and others >= CONTENDED_CORES)
-                steps[name] = step_records(key, result, self.engine.name)
-                decoded[name] = (context.ids, result.output_ids)
+                records[name], steps[name], reply = self._decode(trajectory, turn, name, context, position,
+                                                                 earlier[name], progress)
+                replays[name].record_reply(turn, None if reply is None else self.chat.decode(reply))
+                if reply is not None:
+                    earlier[name].append((turn, list(reply)))
+                    decoded[name] = (context.ids, reply)
             for name in methods:
                 if name not in decode and replays[name].has_turn(turn):  # stored: continue from the stored reply
                     row = stored[name].get(turn)
                     replays[name].replay_stored(turn, self._stored_text(row))
-            records = metrics.pair_turns(records)
-            kept = [records[m] for m in wanted]
+                    if row is not None and row.output_ids is not None:
+                        earlier[name].append((turn, list(row.output_ids)))
+            kept = [metrics.pair_turns(records)[m] for m in wanted]
             for record in kept:
                 record.last = not replays[record.method].has_turn(turn + 1)
-            if kept:
-                spans = self._span_rows(sample, turn, {m: decoded[m] for m in wanted if m in decoded})
-                extra = self._extra_rows(replays, kept)
-                if spans:
-                    extra[SPANS_TABLE] = (spans, SPANS_SCHEMA)
-                self.store.write_turn(sample, turn, [s for m in wanted for s in steps.get(m, [])], kept, extra)
-            for record in (r for r in kept if r.stop_reason != SKIPPED):
-                mine = steps.get(record.method, [])
-                progress.update({"method": record.method, "sample": sample, "turn": turn, "tau": record.tau,
-                                 "tau_sums": metrics.tau_sums([s.num_accepted for s in mine],
-                                                              [s.budget_limited for s in mine]),
-                                 "tokens_per_s": record.new_tokens / max(record.decode_s, 1e-9),
-                                 "speedup": record.speedup_turn})
+            self._store_turn(sample, turn, kept, steps, decoded, replays, progress)
             turn += 1
+
+    def _decode(self, trajectory: Trajectory, turn: int, name: str, context, position: int,
+                earlier: list[tuple[int, list[int]]], progress: Progress):
+        """One method's decode of one turn, metered for contention: (its row, its step rows, its output ids), or
+        a recorded skip (row, [], None)."""
+        key = TurnKey(self.run_id, name, self.config.task, trajectory.sample_id, turn)
+        common = dict(replay=context.replay, context_len=context.context_len, dropped_tokens=context.dropped_tokens,
+                      dropped_messages=context.dropped_messages, position=position, engine=self.engine.name,
+                      worker_host=self.worker_host, worker_device=self.worker_device, last=False,
+                      repo=str(trajectory.meta.get("repo") or ""), pairing=context.pairing,
+                      context_point=context.context_point)
+        if context.skipped:
+            return turn_record(key, **common, skip_reason=context.skip_reason), [], None
+        budget, stepped = self.config.max_new_tokens * self.config.repeats, [0]
+
+        def on_step(tokens: int) -> None:
+            stepped[0] += tokens
+            progress.step(tokens)
+
+        meter = contention.Meter()
+        meter.start()
+        result = self.engine.decode(name, context.ids, turn_seed(self.config.seed, trajectory.sample_id, turn),
+                                    on_step)
+        others = meter.stop()
+        progress.step(max(budget - stepped[0], 0))  # the rest of this decode's budget
+        record = turn_record(key, **common, result=result, cpu_others=others, earlier=earlier,
+                             contended=others is not None and others >= CONTENDED_CORES)
+        return record, step_records(key, result, self.engine.name), list(result.output_ids)
+
+    def _store_turn(self, sample: str, turn: int, kept: list[TurnRecord], steps: dict, decoded: dict, replays,
+                    progress: Progress) -> None:
+        """Persist one turn's rows (steps, spans and any replay's own table with them), then report progress."""
+        if not kept:
+            return
+        methods = [r.method for r in kept]
+        extra = self._extra_rows(replays, kept)
+        spans = self._span_rows(sample, turn, {m: decoded[m] for m in methods if m in decoded})
+        if spans:
+            extra[SPANS_TABLE] = (spans, SPANS_SCHEMA)
+        self.store.write_turn(sample, turn, [s for m in methods for s in steps.get(m, [])], kept, extra)
+        for record in (r for r in kept if r.stop_reason != SKIPPED):
+            mine = steps.get(record.method, [])
+            progress.update({"method": record.method, "sample": sample, "turn": turn, "tau": record.tau,
+                             "tau_sums": metrics.tau_sums([s.num_accepted for s in mine],
+                                                          [s.budget_limited for s in mine]),
+                             "tokens_per_s": record.new_tokens / max(record.decode_s, 1e-9),
+                             "speedup": record.speedup_turn})
 
     def turn_order(self, sample_id: str, turn_index: int) -> list[str]:
         """The order the methods (`ar` included) decode a turn in: shuffled per turn from the run's seed, so that
@@ -250,7 +267,7 @@ class Runner:
             return closed_replays(trajectory, methods, self.policy, self._render, self.config.temperature,
                                   self.config.max_turns)
         return {name: MethodReplay(trajectory, self.replay, self.policy, self._render(trajectory),
-                                   self.config.max_turns) for name in methods}
+                                   self.config.max_turns, self.config.context_points) for name in methods}
 
     def _replay_notes(self) -> dict:
         return describe_closed_loop(self.config.temperature) if self.replay == CLOSED else {}

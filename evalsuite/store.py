@@ -51,7 +51,10 @@ REQUIRED_COLUMNS = {"method", "task", "sample_id", "turn", "context_len", "num_d
                     "stop_reason"}
 FILL_MISSING = {"draft_state_bytes": 0, "draft_history_bytes": 0, "dropped_tokens": 0, "dropped_messages": 0,
                 "skip_reason": "", "output_ids": None, "engine": "hf", "budget_limited": False, "position": 0,
-                "worker_host": "", "worker_device": "", "contended": False, "repo": "", "pairing": ""}
+                "worker_host": "", "worker_device": "", "contended": False, "repo": "", "pairing": "",
+                "context_point": 0,
+                "degenerate_reason": ""}
+# (`degenerate` is left NaN in older runs: not computed, which is not "not degenerate"; the report computes it.)
 
 
 def group_key(sample_id: str, turn: int, methods: list[str]) -> str:

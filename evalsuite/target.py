@@ -2,7 +2,7 @@
 
 Hidden-state convention (HF `output_hidden_states=True`): index 0 is the embedding output, index i+1 the
 output of decoder layer i, and the last index is the output *after* the final norm. Every drafter names
-"target layer id j" and reads `hidden_states[j + 1]` (see methods.md), so `forward(layer_ids=...)`
+"target layer id j" and reads `hidden_states[j + 1]` (see docs/methods.md), so `forward(layer_ids=...)`
 takes layer ids in that convention.
 """
 
@@ -131,6 +131,11 @@ class ForwardOutput:
     hidden: torch.Tensor | None  # [n, len(layer_ids), H] target dtype, or None when no layers were asked for
 
 
+def _from_chat(attribute: str) -> property:
+    """A read-only attribute of the target that its `ChatTokenizer` holds."""
+    return property(lambda self: getattr(self.chat, attribute), doc=f"`self.chat.{attribute}`")
+
+
 class TargetModel:
     """A causal LM with a growable, croppable KV cache. The engine decodes at batch 1 (`forward`); `forward_batch`
     runs equal-length rows for the cost surfaces."""
@@ -202,33 +207,13 @@ class TargetModel:
         return cls(model, tokenizer, name, path, dev, torch_dtype, layout, kv_cache, compile)
 
     # ---- what the chat tokenizer knows -----------------------------------------------------------------------
-    @property
-    def tokenizer(self):
-        return self.chat.tokenizer
-
-    @property
-    def name(self) -> str:
-        return self.chat.name
-
-    @property
-    def model_dir(self) -> str:
-        return self.chat.model_dir
-
-    @property
-    def max_context(self) -> int:
-        return self.chat.max_context
-
-    @property
-    def vocab_size(self) -> int:
-        return self.chat.vocab_size
-
-    @property
-    def stop_ids(self) -> frozenset[int]:
-        return self.chat.stop_ids
-
-    @property
-    def chat_template(self) -> str | None:
-        return self.chat.chat_template
+    tokenizer = _from_chat("tokenizer")
+    name = _from_chat("name")
+    model_dir = _from_chat("model_dir")
+    max_context = _from_chat("max_context")
+    vocab_size = _from_chat("vocab_size")
+    stop_ids = _from_chat("stop_ids")
+    chat_template = _from_chat("chat_template")
 
     def render(self, messages: list[dict], tools: list[dict] | None = None, enable_thinking: bool = False) -> list[int]:
         return self.chat.render(messages, tools, enable_thinking)

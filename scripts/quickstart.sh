@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run the main job on the embedded default target, fully offline.
+# Set up what the main job needs (if needed), then run a short main job on the embedded default target (offline).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

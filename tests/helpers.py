@@ -3,7 +3,7 @@ DSpark), one-turn decoding with test methods (random, oracle), the draft-cache r
 directories with known values for the report, and reading a run's tables.
 
 The synthetic checkpoints spell out the released config.json keys and safetensors key names and shapes
-independently of the implementation (methods.md §1.2, §3.2, §4.2), scaled down to the tiny targets. Weights are
+independently of the implementation (docs/methods.md §1.2, §3.2, §4.2), scaled down to the tiny targets. Weights are
 random, stored in bfloat16 like the releases, large enough that the drafters' outputs are far from uniform.
 """
 
@@ -13,10 +13,12 @@ import copy
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 from safetensors.torch import save_file
 
+from evalsuite import degenerate
 from evalsuite.engines.hf import PrefixCache
 from evalsuite.engines.loop import decode_turn
 from evalsuite.methods.base import Method, Proposal, Sampling
@@ -270,9 +272,13 @@ def write_run(directory: Path, task: str, methods: dict[str, dict[str, list[dict
     store.prepare()
     for method, samples in methods.items():
         for sample_id, turns in samples.items():
-            step_records, turn_records = [], []
+            step_records, turn_records, earlier = [], [], []
             for index, t in enumerate(turns):
                 context = t["context_len"]
+                flagged, reason = degenerate.flag_reply(t["output_ids"], earlier)  # as the runner records it
+                if t["stop_reason"] == "skipped":
+                    flagged, reason = False, ""
+                earlier.append((index, t["output_ids"]))
                 for i, (drafted, accepted) in enumerate(t["steps"]):
                     step_records.append(StepRecord(
                         run_id=directory.name, method=method, task=task, sample_id=sample_id, turn=index, step=i,
@@ -288,7 +294,7 @@ def write_run(directory: Path, task: str, methods: dict[str, dict[str, list[dict
                     decode_s=t["decode_s"], tau=float("nan"), ar_decode_s=t["ar_decode_s"],
                     ar_new_tokens=t["ar_new_tokens"], speedup_turn=float("nan"), stop_reason=t["stop_reason"],
                     skip_reason="too long" if t["stop_reason"] == "skipped" else "", dropped_tokens=0,
-                    output_ids=t["output_ids"]))
+                    output_ids=t["output_ids"], degenerate=flagged, degenerate_reason=reason))
             turn_records[-1].last = True
             for index, record in enumerate(turn_records):
                 store.write_turn(sample_id, index, [s for s in step_records if s.turn == index], [record])
@@ -312,3 +318,49 @@ def load_steps(run_dir) -> pd.DataFrame:
 
 def load_turns(run_dir) -> pd.DataFrame:
     return read_run(run_dir).turns
+
+
+# ---- planted steps/turns frames (the report's statistics), with the columns `report.load.load_results` gives ---------
+def turn_row(method: str, sample: str, turn: int, context: int, *, task: str = "swebench", run: str = "r",
+             new_tokens: int = 64, decode_s: float = 1.0, ar_decode_s: float = 1.0, ar_new_tokens: int = 64,
+             prefill_s: float = 0.0, prefill_tokens: int = 0, draft_prefill_s: float = 0.0,
+             stop_reason: str = "max_new_tokens", output_ids=None, temperature: float = 0.0,
+             degenerate: bool | None = None) -> dict:
+    """`degenerate` None: not recorded (as in runs written before the flag), so the report computes it."""
+    return {"run_id": run, "run": run, "method": method, "task": task, "sample_id": sample, "turn": turn,
+            "replay": "logged", "context_len": context, "prompt_tokens": context, "prefill_tokens": prefill_tokens,
+            "new_tokens": new_tokens, "num_steps": 0, "prefill_s": prefill_s, "draft_prefill_s": draft_prefill_s,
+            "decode_s": decode_s, "tau": np.nan, "ar_decode_s": ar_decode_s, "ar_new_tokens": ar_new_tokens,
+            "speedup_turn": np.nan, "stop_reason": stop_reason, "skip_reason": "", "dropped_tokens": 0,
+            "dropped_messages": 0, "position": 0, "output_ids": list(output_ids or []), "worker_host": "",
+            "worker_device": "cpu", "engine": "hf", "temperature": temperature,
+            "degenerate": np.nan if degenerate is None else degenerate,
+            "degenerate_reason": ""}
+
+
+def step_row(method: str, sample: str, turn: int, step: int, context: int, drafted: int, accepted: int, *,
+             task: str = "swebench", run: str = "r", emitted: int | None = None, draft_s: float = 0.0,
+             verify_s: float = 0.0, step_s: float | None = None, state_bytes: int = 0,
+             budget_limited: bool = False, temperature: float = 0.0) -> dict:
+    emitted = accepted + 1 if emitted is None else emitted
+    return {"run_id": run, "run": run, "method": method, "task": task, "sample_id": sample, "turn": turn,
+            "step": step, "context_len": context, "num_drafted": drafted, "num_accepted": accepted,
+            "accept_flags": [True] * accepted + [False] * (drafted - accepted), "emitted": emitted,
+            "draft_s": draft_s, "verify_s": verify_s, "step_s": draft_s + verify_s if step_s is None else step_s,
+            "draft_state_bytes": state_bytes, "draft_history_bytes": state_bytes, "engine": "hf",
+            "budget_limited": budget_limited, "temperature": temperature}
+
+
+def frames(turn_rows: list[dict], step_rows: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(steps, turns) DataFrames from rows."""
+    return pd.DataFrame(step_rows), pd.DataFrame(turn_rows)
+
+
+def steps_with_tau(method: str, sample: str, turn: int, context: int, tau: float, n_steps: int = 40,
+                   k: int = 7, **kw) -> list[dict]:
+    """n_steps fixed-k steps whose pooled τ is `tau` to within 1/n_steps (accepted values floor/ceil mixed)."""
+    target = float(np.clip(tau, 1.0, k + 1.0)) - 1.0  # mean accepted drafts
+    low = int(np.floor(target))
+    n_high = int(round((target - low) * n_steps))
+    values = [min(low + 1, k)] * n_high + [low] * (n_steps - n_high)
+    return [step_row(method, sample, turn, i, context + i, k, a, **kw) for i, a in enumerate(values)]

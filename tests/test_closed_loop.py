@@ -81,11 +81,11 @@ class PlantedEngine(HfEngine):
         super().begin_trajectory()
         self.count = {}
 
-    def decode(self, method, ids, seed):
+    def decode(self, method, ids, seed, on_step=None):
         n = self.count.get(method, 0)
         self.count[method] = n + 1
         self.seen.append((method, n, self.chat.tokenizer.decode(ids)))
-        result = super().decode(method, ids, seed)
+        result = super().decode(method, ids, seed, on_step)
         plan = self.plans.get(method, [])
         if n < len(plan):
             result = replace(result, output_ids=self.chat.tokenizer(plan[n], add_special_tokens=False)["input_ids"])

@@ -25,7 +25,7 @@ def qwen3_target(tiny_qwen3_dir):
 
 
 def test_layer_rule_matches_the_reference_examples():
-    assert dlite_layer_ids(36, 7) == [0, 1, 9, 17, 26, 34, 35]  # methods.md §1.1 (Python round: 16.5 → 16)
+    assert dlite_layer_ids(36, 7) == [0, 1, 9, 17, 26, 34, 35]  # docs/methods.md §1.1 (Python round: 16.5 → 16)
     assert dlite_layer_ids(36, 3) == [0, 17, 35]  # one middle layer: the half-way point 1 + round(16.5)
     assert dlite_layer_ids(4, 4) == [0, 1, 2, 3]
     assert dlite_layer_ids(30, 2) == [0, 29]

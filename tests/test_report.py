@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
@@ -16,7 +17,7 @@ from evalsuite.report import stats
 from evalsuite.report.build import parse_formats, write_report
 from evalsuite.report.load import load_results
 from evalsuite.report.published import PUBLISHED_DIR, comparison_table, load_published
-from evalsuite.report.tables import Cell, headline_tables, mark_best, to_latex, to_markdown
+from evalsuite.report.tables import Cell, headline_tables, mark_ranked, to_latex, to_markdown
 from tests.helpers import ALPHA_GSM8K, turn, write_run
 
 @pytest.fixture
@@ -48,19 +49,24 @@ def test_tau_macro_speedup_and_skipped_are_exact(general_run):
     # pooled: AR (2 + 1 + 3) s / 25 tokens over method (1 + 1 + 1.5) s / 25 tokens; the skipped turn is left out
     assert alpha.speedup == pytest.approx((6.0 / 25) / (3.5 / 25))
     assert (alpha.turns, alpha.skipped, alpha.trajectories, alpha.steps) == (3, 1, 2, 6)
-    assert alpha.tau_ci_low <= alpha.tau <= alpha.tau_ci_high
-    assert alpha.speedup_ci_low <= alpha.speedup <= alpha.speedup_ci_high
+    assert np.isnan(alpha.tau_ci_low) and np.isnan(alpha.speedup_ci_high)  # two trajectories: no interval
 
 
-def test_per_position_conditional_and_marginal_with_short_drafts(general_run):
-    steps = load_results([general_run]).steps
-    table = metrics.per_position(steps[steps.method == "alpha"]).set_index("position")
-    # steps: (3,3) (3,0) (2,1) (3,2) (3,1) (0,0)
-    assert list(table.drafted) == [5, 5, 4]  # the (2,1) step is not in position 3's denominators
-    assert list(table.reached) == [5, 4, 2]
+def test_per_position_conditional_and_marginal_over_every_step_with_room(general_run):
+    results = load_results([general_run])
+    steps, turns = results.steps, results.turns
+    alpha = steps[steps.method == "alpha"]
+    # steps: (3,3) (3,0) (2,1) | (3,2) | (3,1) (0,0); every turn ends at EOS far below its budget of 64, so each
+    # step had room for k = 3: the (2,1) step chose to draft 2, and the (0,0) step proposed nothing
+    room = metrics.draft_room(alpha, turns, {"general": {"k": 3, "max_new_tokens": 64}})
+    assert room.tolist() == [3] * 6
+    table = metrics.per_position(alpha, room=room).set_index("position")
+    assert list(table.room) == [6, 6, 6]
+    assert list(table.drafted) == [5, 5, 4]
+    assert list(table.reached) == [6, 4, 2]
     assert list(table.accepted) == [4, 2, 1]
-    assert list(table.conditional) == pytest.approx([4 / 5, 2 / 4, 1 / 2])
-    assert list(table.marginal) == pytest.approx([4 / 5, 2 / 5, 1 / 4])
+    assert list(table.conditional) == pytest.approx([4 / 6, 2 / 4, 1 / 2])
+    assert list(table.marginal) == pytest.approx([4 / 6, 2 / 6, 1 / 6])
 
 
 def test_marginal_rates_sum_to_tau_minus_one_for_fixed_draft_length():
@@ -85,7 +91,7 @@ def test_table1_puts_tau_and_speedup_side_by_side_per_task_with_a_mean(general_r
     assert alpha[3].value == pytest.approx(1.5) and beta[3].value == pytest.approx(3.0)
     assert alpha[5].value == pytest.approx((13 / 6 + 1.5) / 2) and beta[5].value == pytest.approx(2.0)
     # mt-bench has one trajectory: value and n=1, no interval, and it is never bolded
-    assert alpha[3].text() == "1.50 (n=1) †" and "±" not in beta[3].text()
+    assert alpha[3].text() == "1.50 (n=1) †" and "±" not in beta[3].text() and "[" not in beta[3].text()
     assert not any(c.bold for c in (alpha[3], beta[3]))
     markdown = to_markdown(table)
     assert "bonus included" in markdown and "bootstrap" in markdown and "1 turn(s) skipped" in markdown
@@ -96,35 +102,36 @@ def test_table1_puts_tau_and_speedup_side_by_side_per_task_with_a_mean(general_r
 
 def test_one_block_per_temperature(general_run, tmp_path):
     hot = write_run(tmp_path / "hot", "mt-bench", {"alpha": {"s1": [turn([(3, 1)])]}}, temperature=1.0)
-    results = load_results([general_run, hot], allow_mixed=True)
+    results = load_results([general_run, hot])
     summary = stats.summarize(results.steps, results.turns, seed=0, n_resamples=200)
     tables = headline_tables(summary, results.methods, results.tasks)
     assert [t.name for t in tables] == ["table1_T0", "table1_T1"]
-    assert [g[0].split(" (")[0] for g in tables[1].groups] == ["", "mt-bench", "Mean"]
+    assert [g[0].split(" (")[0] for g in tables[1].groups] == ["", "mt-bench T=1", "Mean"]
 
 
 def _cells(*intervals):
     return [[Cell(f"m{i}"), Cell(v, lo, hi, n)] for i, (v, lo, hi, n) in enumerate(intervals)]
 
 
-def test_bold_only_where_the_interval_clears_the_runner_up():
-    rows = _cells((2.0, 1.8, 2.2, 5), (1.5, 1.4, 1.7, 5), (1.0, 0.9, 1.1, 5))
-    mark_best(rows, [1])
-    assert [r[1].bold for r in rows] == [True, False, False] and not any(r[1].tie for r in rows)
-    assert rows[0][1].text() == "2.00 ± 0.20"
+def test_intervals_print_as_bounds_and_not_below_three_trajectories():
+    assert Cell(2.71, 1.50, 7.56, 5).text() == "2.71 [1.50, 7.56]"  # never "2.71 ± 3.03"
+    assert Cell(1.29, 1.29, 1.29, 2).text() == "1.29 (n=2) †"  # never "1.29 ± 0.00"
+    assert Cell(1.06, 0.91, 1.20, 3).text() == "1.06 [0.91, 1.20] †"
 
 
-def test_overlapping_intervals_are_a_tie_not_bold():
+def test_bold_and_ties_come_from_the_paired_ranking_not_from_overlap():
+    # overlapping intervals, but the paired ranking says m0 is clearly best: bold, no tie
     rows = _cells((2.0, 1.6, 2.4, 5), (1.9, 1.7, 2.1, 5), (1.0, 0.9, 1.1, 5))
-    mark_best(rows, [1])
-    assert not any(r[1].bold for r in rows)
-    assert [r[1].tie for r in rows] == [True, True, False]
-    assert rows[1][1].text() == "1.90 ± 0.20 ≈"
-
-
-def test_a_best_without_an_interval_is_not_marked():
+    mark_ranked(rows, 1, {"m0": "best", "m1": "behind", "m2": "behind"})
+    assert [r[1].bold for r in rows] == [True, False, False] and not any(r[1].tie for r in rows)
+    assert rows[0][1].text() == "2.00 [1.60, 2.40]"
+    # intervals clear of each other, but the paired ranking ties the two: ≈, none bold
+    rows = _cells((2.0, 1.8, 2.2, 5), (1.5, 1.4, 1.7, 5), (1.0, 0.9, 1.1, 5))
+    mark_ranked(rows, 1, {"m0": "tied for best", "m1": "tied for best", "m2": "behind"})
+    assert not any(r[1].bold for r in rows) and [r[1].tie for r in rows] == [True, True, False]
+    assert rows[1][1].text() == "1.50 [1.40, 1.70] ≈"
     rows = _cells((3.0, float("nan"), float("nan"), 1), (1.0, 0.9, 1.1, 5))
-    mark_best(rows, [1])
+    mark_ranked(rows, 1, {"m0": "undecided (n<3)", "m1": "undecided (n<3)"})
     assert not any(r[1].bold or r[1].tie for r in rows)
     assert rows[0][1].text() == "3.00 (n=1) †"
 
@@ -167,13 +174,13 @@ def test_report_cis_are_reproducible(general_run, tmp_path):
 
 
 # ---- merging ---------------------------------------------------------------------------------------------------
-def test_mixed_temperature_is_refused_naming_the_field(general_run, tmp_path):
-    hot = write_run(tmp_path / "hot", "mt-bench", {"alpha": {"s1": [turn([(3, 1)])]}}, temperature=1.0)
-    with pytest.raises(UserError, match="temperature differs.*--allow-mixed"):
-        load_results([general_run, hot])
-    results = load_results([general_run, hot], allow_mixed=True)
-    assert any(line.startswith("temperature differs") for line in results.mixed)
-    assert set(results.tasks) == {"gsm8k", "mt-bench"}
+def test_runs_of_one_task_at_two_temperatures_are_two_columns_never_pooled(general_run, tmp_path):
+    hot = write_run(tmp_path / "hot", "gsm8k", {"alpha": {"s1": [turn([(3, 1)])]}}, temperature=1.0)
+    results = load_results([general_run, hot])  # no --allow-mixed needed: nothing is mixed
+    assert results.mixed == [] and results.tasks == ["gsm8k", "gsm8k T=1"]
+    summary = stats.summarize(results.steps, results.turns, seed=0, n_resamples=200).set_index(["method", "task"])
+    assert summary.loc[("alpha", "gsm8k T=1"), "trajectories"] == 1  # the hot run's own trajectory only
+    assert summary.loc[("alpha", "gsm8k T=1"), "temperature"] == 1.0
 
 
 @pytest.mark.parametrize("field, value", [("target_sha256", "u" * 64), ("chat_template_sha256", "d" * 16),
@@ -217,9 +224,9 @@ def test_per_method_options_are_compared_for_shared_methods(general_run, tmp_pat
 
 
 def test_cli_refuses_mixed_runs_with_exit_code_2(general_run, tmp_path):
-    hot = write_run(tmp_path / "hot", "gsm8k", {"gamma": {"s1": [turn([(3, 1)])]}}, temperature=0.7)
+    hot = write_run(tmp_path / "hot", "gsm8k", {"gamma": {"s1": [turn([(3, 1)])]}}, k=5)
     result = CliRunner().invoke(app, ["report", str(general_run), str(hot), "--out", str(tmp_path / "rep")])
-    assert result.exit_code == 2 and "temperature differs" in result.output
+    assert result.exit_code == 2 and "k differs" in result.output
     result = CliRunner().invoke(app, ["report", str(general_run), str(hot), "--out", str(tmp_path / "rep"),
                                       "--allow-mixed", "--format", "md", "--resamples", "200"])
     assert result.exit_code == 0, result.output

@@ -21,6 +21,8 @@ from tests.helpers import turn, write_run
 
 CONTEXT_COLUMNS = ["task", "method", "context_lo", "context_hi", "n_trajectories", "n_turns", "n_steps", "tau",
                    "tau_lo", "tau_hi", "speedup", "speedup_lo", "speedup_hi"]
+CSV_COLUMNS = CONTEXT_COLUMNS[:CONTEXT_COLUMNS.index("tau_hi") + 1] + ["tau_break_even"] + \
+    CONTEXT_COLUMNS[CONTEXT_COLUMNS.index("tau_hi") + 1:]  # speedup_vs_context.csv: break-even τ beside τ
 SUMMARY_COLUMNS = ["task", "method", "temperature", "n_trajectories", "n_turns", "tau", "speedup",
                    "ar_ms_per_token", "differs_from_ar"]
 
@@ -67,11 +69,11 @@ def test_a_single_trajectory_cell_prints_its_value_and_no_interval(tmp_path):
     run = write_run(tmp_path / "one", "swebench", {"alpha": agentic(1)})
     report = write_report([run], tmp_path / "report", {"md", "csv"}, n_resamples=200)
     csv = pd.read_csv(report.out / "tables" / "speedup_vs_context.csv")
-    assert list(csv.columns) == CONTEXT_COLUMNS
+    assert list(csv.columns) == CSV_COLUMNS
     assert (csv.n_trajectories == 1).all()
     assert csv[["tau_lo", "tau_hi", "speedup_lo", "speedup_hi"]].isna().all().all()
     markdown = (report.out / "tables" / "speedup_vs_context.md").read_text()
-    assert "(n=1)" in markdown and "±" not in markdown.split("\n- ")[0]
+    assert "(n=1)" in markdown and "±" not in markdown.split("\n- ")[0] and "[" not in markdown.split("\n- ")[0]
     assert "† fewer than 5 trajectories" in markdown
     summary = pd.read_csv(report.out / "tables" / "all_results.csv")
     assert summary.tau_ci_low.isna().all()  # not the degenerate "± 0.00" of a one-trajectory bootstrap

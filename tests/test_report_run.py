@@ -6,6 +6,7 @@ import html
 import json
 import re
 
+import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
@@ -18,8 +19,10 @@ from evalsuite.report.summary import summary_rows
 cli = CliRunner()
 FIGURES = ("speedup_vs_context", "tau_vs_context", "cost_vs_context", "tau_vs_turn", "per_position",
            "speedup_per_task")
-TABLES = ("table1_T0", "ar_baseline", "speedup_vs_context", "cost_vs_context", "summary", "per_position",
-          "tau_turn_macro", "cost", "published_comparison", "all_results", "provenance", "runs", "environment")
+TABLES = ("table1_T0", "ar_baseline", "speedup_vs_context", "context_effect", "break_even", "cost_vs_context",
+          "telemetry", "degenerate_turns", "without_degenerate", "summary", "per_position", "per_position_terciles",
+          "draft_length", "tau_turn_macro", "cost", "published_comparison", "all_results", "data_provenance",
+          "provenance", "runs", "environment")
 
 
 def expected_files(tables) -> list[str]:
@@ -83,8 +86,10 @@ def test_report_numbers_agree_with_the_records_and_the_run_summary(real_runs, re
             assert ours.tau == pytest.approx(row["tau"])
             assert ours.tau == pytest.approx(metrics.tau(steps[steps.method == row["method"]]))
             assert ours.speedup == pytest.approx(row["speedup"])
-            if row["method"] != "ar":  # the baseline is 1 by construction: no interval
+            if row["method"] != "ar" and ours.trajectories >= 3:  # ar: 1 by construction; n < 3: no interval
                 assert ours.tau_ci_low <= ours.tau <= ours.tau_ci_high
+            else:
+                assert np.isnan(ours.tau_ci_low)
     ar = table[table.method == "ar"]
     assert ar.tau_ci_low.isna().all() and ar.speedup_ci_low.isna().all()
     assert (ar.tau == 1.0).all() and ar.speedup.to_numpy() == pytest.approx(1.0)
@@ -106,8 +111,39 @@ def test_general_and_agentic_tasks_share_table_1(tmp_path):
     general = write_run(tmp_path / "g", "gsm8k", {"alpha": ALPHA_GSM8K})
     swe = write_run(tmp_path / "s", "swebench", {"alpha": ALPHA_GSM8K})
     report = write_report([general, swe], tmp_path / "rep", n_resamples=200)
-    for name in expected_files(TABLES):
+    # no `ar` steps: no break-even τ; every turn at one context: no terciles
+    for name in expected_files([t for t in TABLES if t not in ("break_even", "per_position_terciles")]):
         assert (tmp_path / "rep" / name).is_file(), name
     assert not report.notes
     table1 = pd.read_csv(tmp_path / "rep" / "tables" / "table1_T0.csv")
     assert set(table1.task) == {"gsm8k", "swebench", "Mean"}
+
+
+def test_the_runner_records_degenerate_flags_and_the_replay_source(real_runs):
+    for run in real_runs:
+        turns = load_turns(run)
+        assert turns.degenerate.notna().all() and turns.degenerate_reason.notna().all()
+        config = json.loads((run / "run.json").read_text())
+        assert config["replay_source"] and "degenerate" in config["conventions"]
+
+
+def test_swebench_results_split_by_repository(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from evalsuite.report.load import load_results
+    from evalsuite.report.tables import repository_table
+    from tests.helpers import turn, write_run
+
+    run = write_run(tmp_path / "swe", "swebench", {
+        "ngram": {"s1": [turn([(3, 3)])], "s2": [turn([(3, 0)])]},
+        "ar": {"s1": [turn([(0, 0)])], "s2": [turn([(0, 0)])]}})
+    for part in (run / "turns.parquet").glob("*.parquet"):  # the runner fills `repo` from the instance
+        table = pq.read_table(part).to_pandas()
+        table["repo"] = table.sample_id.map({"s1": "django/django", "s2": "psf/requests"})
+        pq.write_table(pa.Table.from_pandas(table, preserve_index=False), part)
+    results = load_results([run])
+    table = repository_table(results.steps, results.turns)
+    by_repo = table.csv.set_index("repo")
+    assert set(by_repo.index) == {"django/django", "psf/requests"} and (by_repo.method == "ngram").all()
+    assert by_repo.tau["django/django"] == 4.0 and by_repo.tau["psf/requests"] == 1.0

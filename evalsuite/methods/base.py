@@ -18,13 +18,12 @@ Bookkeeping convention, shared by the engine and every method:
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Callable, ClassVar
 
 import torch
 
-from evalsuite.catalog import MethodSpec, method_spec
+from evalsuite.catalog import method_spec
 
 
 @dataclass(frozen=True)
@@ -105,30 +104,6 @@ def tensor_bytes(*tensors: torch.Tensor | None) -> int:
 
 # ---- building by name -------------------------------------------------------------------------------------------
 # A method module defines `build(target, options) -> Method`; options holds the parsed `--method-option` settings
-# (evalsuite.catalog) and, for learned methods, the drafter checkpoint (`drafter`).
+# (evalsuite.catalog) and, for learned methods, the drafter checkpoint (`drafter`). `get_method(name).factory` is it.
 MethodFactory = Callable[..., Method]
-
-
-@dataclass(frozen=True)
-class MethodInfo:
-    spec: MethodSpec
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def summary(self) -> str:
-        return self.spec.summary
-
-    @property
-    def needs_checkpoint(self) -> bool:
-        return self.spec.needs_checkpoint
-
-    @property
-    def factory(self) -> MethodFactory:
-        return importlib.import_module(f"evalsuite.methods.{self.spec.module}").build
-
-
-def get_method(name: str) -> MethodInfo:
-    return MethodInfo(method_spec(name))
+get_method = method_spec

@@ -109,7 +109,7 @@ def read_config(directory: Path | str) -> dict:
 
 
 def detect_method(config: dict) -> str:
-    """Which method a released checkpoint belongs to (methods.md §1.2, §2, §3.2, §4.2).
+    """Which method a released checkpoint belongs to (docs/methods.md §1.2, §2, §3.2, §4.2).
 
     - DLite: a nested `dlite_config`.
     - z-lab DFlash: `architectures ["DFlashDraftModel"]` with a nested `dflash_config`.

@@ -1,4 +1,4 @@
-"""`dflash`: DFlash block drafting (Chen, Liang, Liu 2026; methods.md §3), in both released layouts.
+"""`dflash`: DFlash block drafting (Chen, Liang, Liu 2026; docs/methods.md §3), in both released layouts.
 
 z-lab layout (`z-lab/Qwen3-{4B,8B}-DFlash-b16`, z-lab `dflash/model.py`):
 - target layers `dflash_config.target_layer_ids` (default: z-lab `build_target_layer_ids(num_target_layers,

@@ -1,4 +1,4 @@
-"""`dlite`: DLite, the history-free block drafter (SJTU-DAI-Sys; methods.md §1).
+"""`dlite`: DLite, the history-free block drafter (SJTU-DAI-Sys; docs/methods.md §1).
 
 Reference: `DAI-System/DLite` @6866238 (`dlite/modeling/dlite.py`, `qwen3.py`, `sequential_head.py`,
 `utils/hidden_states.py`). Per draft step the drafter sees only:

@@ -1,6 +1,6 @@
 """Building blocks shared by the block drafters (DLite, DFlash, DSpark).
 
-All three use the same Qwen3-style decoder layer (methods.md §1.1, §3.1, §4.1): the *queries* are the draft
+All three use the same Qwen3-style decoder layer (docs/methods.md §1.1, §3.1, §4.1): the *queries* are the draft
 block only, the *keys/values* are [context rows; block], attention is bidirectional (no mask), RoPE takes
 explicit position ids (queries use the last |block| rows of cos/sin, keys all of them), q_norm/k_norm are
 RMSNorms over the head dimension applied before RoPE, the MLP is SwiGLU. The context rows enter every layer

@@ -1,4 +1,4 @@
-"""`dspark`: DSpark (Cheng et al. 2026), DeepSpec `Qwen3DSparkModel` (methods.md §4).
+"""`dspark`: DSpark (Cheng et al. 2026), DeepSpec `Qwen3DSparkModel` (docs/methods.md §4).
 
 The DFlash backbone — target layers fused by `fc` + `hidden_norm`, Qwen3 layers with bidirectional block
 attention over a draft KV cache of the whole context, absolute positions — with DeepSpec's block layout:

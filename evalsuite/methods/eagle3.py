@@ -1,4 +1,4 @@
-"""`eagle3`: EAGLE-3, a one-layer drafter over fused target features with a draft KV cache (methods.md §2).
+"""`eagle3`: EAGLE-3, a one-layer drafter over fused target features with a draft KV cache (docs/methods.md §2).
 
 Two released formats, told apart by `config.json` `architectures`:
 

@@ -13,16 +13,19 @@ from pathlib import Path
 import pandas as pd
 
 from evalsuite.errors import UserError
+from evalsuite import metrics
+from evalsuite.conventions import BASELINE
+from evalsuite.report import breakeven, decisions, effects, positions, stats, telemetry, verdict
 from evalsuite.report import html as html_page
 from evalsuite.report import published as published_numbers
-from evalsuite.report import stats
 from evalsuite.report.figures import write_figures
 from evalsuite.report.load import Results, display_path, load_results
 from evalsuite.report.spans import span_section
-from evalsuite.report.tables import (Cell, Table, baseline_table, context_table, cost_context_table, cost_table,
-                                     headline_tables, position_table, results_table, summary_table, tau_macro_table,
-                                     to_latex, to_markdown)
-from evalsuite.conventions import BASELINE
+from evalsuite.report.tables import (Box, Cell, Table, baseline_table, break_even_table, context_effect_table,
+                                     context_table, cost_context_table, cost_table, degenerate_turns_table,
+                                     draft_length_table, headline_tables, position_table, position_tercile_table,
+                                     repository_table, results_table, summary_table, tau_macro_table, telemetry_table, to_latex,
+                                     to_markdown, without_degenerate_table)
 
 FORMATS = ("md", "latex", "csv", "html")
 VERSION_KEYS = ("evalsuite", "torch", "transformers", "numpy", "pandas", "pyarrow")
@@ -63,32 +66,54 @@ def write_report(paths: list[Path], out: Path, formats: set[str] = frozenset(FOR
     except OSError as err:
         raise UserError(f"--out {out}: cannot create it ({err.strerror}); choose another directory") from err
     report = Report(out)
-    summary = _in_report_order(stats.summarize(results.steps, results.turns, seed, n_resamples), results)
-    curves = _in_report_order(stats.context_curves(results.steps, results.turns, seed, n_resamples), results)
-    costs = _in_report_order(stats.cost_curves(results.steps, results.turns), results)
-    figures, missing = write_figures(results, summary, curves, costs, out / "figures", seed, n_resamples)
+    steps, turns = results.steps, results.turns
+    limits = positions.run_limits(results.runs)
+    summary = _in_report_order(stats.summarize(steps, turns, seed, n_resamples), results)
+    curves = _in_report_order(stats.context_curves(steps, turns, seed, n_resamples), results)
+    curves = breakeven.add_break_even(curves, breakeven.break_even_by_bin(steps, turns))
+    costs = _in_report_order(stats.cost_curves(steps, turns), results)
+    overall = _in_report_order(breakeven.break_even_overall(steps, turns, seed, n_resamples), results)
+    effect = _in_report_order(effects.context_effect(steps, turns, seed, n_resamples), results)
+    speed = decisions.speed_table(turns, seed, n_resamples)
+    ranks = pd.concat([decisions.rank_methods(steps, turns, measure, seed, n_resamples)
+                       for measure in ("tau", "speedup")], ignore_index=True)
+    degenerate_table = _in_report_order(decisions.degenerate_comparison(steps, turns, seed, n_resamples), results)
+    position_rates = _in_report_order(positions.position_table(steps, turns, limits), results)
+    cards = verdict.drafter_cards(results.runs)
+    figures, missing = write_figures(results, summary, curves, costs, out / "figures", seed, n_resamples,
+                                     effect=effect, limits=limits)
     figure = {f.name: f for f in figures}
     report.files += [f for fig in figures for f in (fig.png, fig.svg)]
     report.notes += missing + results.notes
 
-    headline = [*headline_paragraphs(results, summary, curves), *headline_tables(summary, results.methods,
-                                                                                  results.tasks),
-                baseline_table(summary, results.turns, results.tasks)]
+    verdict_lines = verdict.verdicts(speed, overall, effect, results.tasks, set(cards), degenerate_table)
+    headline = [Box("verdict", "Verdict", [f"**{r.task}: {r.label}.** {r.sentence}"
+                                           for r in verdict_lines.itertuples()]),
+                *headline_paragraphs(results, summary, speed, ranks, overall),
+                *headline_tables(summary, results.methods, results.tasks, ranks),
+                baseline_table(summary, turns, results.tasks)]
     sections = [
         Section("headline", "Headline", headline),
         Section("context", "Speedup and τ against context, within each task",
-                [figure.get("speedup_vs_context"), figure.get("tau_vs_context"), context_table(curves)]),
-        Section("cost", "Cost against context: why the speedup moves",
+                [figure.get("speedup_vs_context"), figure.get("context_effect"), context_effect_table(effect),
+                 figure.get("tau_vs_context"), context_table(curves), break_even_table(overall)]),
+        Section("costs", "Cost against context: why the speedup moves",
                 [figure.get("cost_vs_context"), cost_context_table(costs)]),
+        Section("latency", "Telemetry: memory, latency and acceptance per method",
+                [telemetry_table(_in_report_order(telemetry.telemetry(steps, turns, limits), results))]),
+        Section("degenerate", "Degenerate turns: results with and without them",
+                [degenerate_turns_table(turns), without_degenerate_table(degenerate_table)]),
         Section("details", "Details",
                 [summary_table(summary), figure.get("speedup_per_task"), figure.get("tau_vs_turn"),
-                 figure.get("per_position"), position_table(results.steps, results.methods),
+                 figure.get("per_position"), position_table(position_rates), position_tercile_table(position_rates),
+                 draft_length_table(_in_report_order(positions.draft_length_table(steps, turns, limits), results)),
                  tau_macro_table(summary, results.methods, results.tasks),
-                 cost_table(results.steps, results.methods, results.tasks),
+                 cost_table(steps, results.methods, results.tasks), repository_table(steps, turns),
                  published_numbers.comparison_table(results, summary, published_numbers.load_published(published_dir)),
                  results_table(summary)]),
-        Section("configuration", "Configuration and environment",
-                [provenance_table(results, out), runs_table(results, out), environment_table(results)]),
+        Section("configuration", "Configuration, data and provenance",
+                [data_provenance_table(results), drafters_table(results, cards, out), provenance_table(results, out),
+                 runs_table(results, out), environment_table(results)]),
     ]
     span_items, span_files, span_notes = span_section(results, out / "figures")
     if span_items:  # runs holding span labels (docs/spans.md): after the cost section
@@ -97,6 +122,8 @@ def write_report(paths: list[Path], out: Path, formats: set[str] = frozenset(FOR
     for section in sections:
         section.items = [item for item in section.items if item is not None]
     warnings = [f"MIXED CONFIGURATIONS (--allow-mixed): {line}" for line in results.mixed] + dirty_warnings(results)
+    caveats = Box("caveat", "Caveats: how far these numbers carry",
+                  verdict.caveat_box([r.config for r in results.runs], cards, _counts(results), results.tasks))
 
     for table in [item for section in sections for item in section.items if isinstance(item, Table)]:
         stem = out / "tables" / table.name
@@ -111,22 +138,37 @@ def write_report(paths: list[Path], out: Path, formats: set[str] = frozenset(FOR
     title, subtitle = _titles(results)
     if "md" in formats:
         report.files.append(_write(out / "report.md", markdown_page(title, subtitle, warnings, report.notes,
-                                                                     sections, out)))
+                                                                     sections, out, caveats)))
     if "html" in formats:
         report.files.append(_write(out / "index.html", html_page.page(title, subtitle, warnings, report.notes,
-                                                                       sections, out)))
+                                                                       sections, out, caveats)))
     return report
 
 
-def markdown_page(title, subtitle, warnings, notes, sections: list[Section], base: Path) -> str:
+def _counts(results: Results) -> dict[str, tuple[int, int]]:
+    """{task: (trajectories, distinct decoded turns)} as analysed."""
+    counts = {}
+    for task in results.tasks:
+        done = metrics.decoded(results.turns[results.turns.task == task])
+        counts[task] = (int(done.groupby(["run", "sample_id"]).ngroups),
+                        int(len(done.drop_duplicates(["run", "sample_id", "turn"]))))
+    return counts
+
+
+def markdown_page(title, subtitle, warnings, notes, sections: list[Section], base: Path,
+                  caveats: Box | None = None) -> str:
     parts = [f"# {title}", "", subtitle, ""]
     parts += [f"> **Warning:** {w}\n" for w in warnings]
+    if caveats is not None:
+        parts.append(box_markdown(caveats))
     parts += [f"> {n}\n" for n in notes]
     for section in sections:
         parts.append(f"## {section.title}\n")
         for item in section.items:
             if isinstance(item, str):
                 parts.append(item + "\n")
+            elif isinstance(item, Box):
+                parts.append(box_markdown(item))
             elif isinstance(item, Table):
                 parts.append(to_markdown(item))
             else:
@@ -135,11 +177,15 @@ def markdown_page(title, subtitle, warnings, notes, sections: list[Section], bas
     return "\n".join(parts)
 
 
+def box_markdown(box: Box) -> str:
+    return "\n".join([f"> **{box.title}**", ">"] + [f"> - {line}" for line in box.lines]) + "\n"
+
+
 # ---- the headline paragraph ------------------------------------------------------------------------------------
-def headline_paragraphs(results: Results, summary: pd.DataFrame, curves: pd.DataFrame) -> list[str]:
-    """A few generated sentences: the baseline's speed, the best method per task (and whether it is clearly
-    ahead), how speedup moves from the shortest to the longest context of each task, and losslessness."""
-    drafting = summary[summary.method != BASELINE]
+def headline_paragraphs(results: Results, summary: pd.DataFrame, speed: pd.DataFrame, ranks: pd.DataFrame,
+                        overall: pd.DataFrame) -> list[str]:
+    """A few generated sentences: the baseline's speed; per task the best method by the paired bootstrap and how
+    many methods are faster than `ar` (interval clear of 1); each method's τ against its break-even; losslessness."""
     speeds = []
     for task in results.tasks:
         ms = summary[summary.task == task].ar_ms_per_token
@@ -147,43 +193,16 @@ def headline_paragraphs(results: Results, summary: pd.DataFrame, curves: pd.Data
             speeds.append(f"{task} {ms.iloc[0]:.1f} ms/token ({1e3 / ms.iloc[0]:.1f} tokens/s)")
     first = (f"`{BASELINE}` (the target alone) decodes at " + "; ".join(speeds) + ".") if speeds else ""
     per_task = []
-    for (temperature, task), cells in drafting.groupby(["temperature", "task"], sort=False):
-        cells = cells[cells.speedup.notna()].sort_values("speedup", ascending=False)
+    for task in results.tasks:
+        cells = speed[speed.task == task]
         if cells.empty:
             continue
-        best = cells.iloc[0]
-        n = int(cells.trajectories.max())
-        faster = int((cells.speedup > 1).sum())
-        sentence = (f"On {task} (T = {temperature:g}; n = {n} trajector{'y' if n == 1 else 'ies'}, "
-                    f"{int(cells.turns.max())} turns) the fastest is {best.method} at {_times(best)} "
-                    f"(τ {best.tau:.2f})")
-        if len(cells) > 1:
-            second = cells.iloc[1]
-            intervals = n >= 2 and int(second.trajectories) >= 2
-            if not intervals:
-                sentence += f", then {second.method} ({_times(second)}; one trajectory, so no interval to tell them apart)"
-            elif best.speedup_ci_low > second.speedup_ci_high:
-                sentence += f", clearly ahead of {second.method} ({_times(second)})"
-            else:
-                sentence += f", not separable from {second.method} ({_times(second)}): the intervals overlap"
-        sentence += f"; {faster} of {len(cells)} drafting methods are faster than `{BASELINE}`."
-        per_task.append(sentence)
-    trends = []
-    for task in results.tasks:
-        cells = curves[curves.task == task]
-        bins = cells.drop_duplicates(["context_lo"]).sort_values("context_lo")
-        if len(bins) < 2:
-            continue
-        low, high = bins.iloc[0], bins.iloc[-1]
-        moves = []
-        for method in [m for m in results.methods if m != BASELINE]:
-            m = cells[cells.method == method].set_index("context_lo")
-            if low.context_lo in m.index and high.context_lo in m.index:
-                moves.append(f"{method} {m.speedup[low.context_lo]:.2f}→{m.speedup[high.context_lo]:.2f}×")
-        if moves:
-            trends.append(f"On {task}, from the shortest context bin ({low.context_lo:,}–{low.context_hi:,} tokens) "
-                          f"to the longest ({high.context_lo:,}–{high.context_hi:,}), the speedup goes "
-                          + ", ".join(moves) + " (figure and table below, with each bin's n).")
+        faster = int((cells.verdict == "faster than ar").sum())
+        ranked = ranks[(ranks.task == task) & (ranks.measure == "speedup")]
+        per_task.append(f"On {task}, {decisions.best_sentence(ranked, task)}; {faster} of {len(cells)} drafting "
+                        f"methods are faster than `{BASELINE}` (speedup interval above 1).")
+    break_even = " ".join(breakeven.break_even_sentence(overall, task) for task in results.tasks)
+    drafting = summary[summary.method != BASELINE]
     greedy = drafting[drafting.compared_with_ar > 0]
     if len(greedy):
         differing = greedy[greedy.differs_from_ar > 0]
@@ -195,17 +214,12 @@ def headline_paragraphs(results: Results, summary: pd.DataFrame, curves: pd.Data
         lossless = f"Losslessness at T = 0 is not checked here: no `{BASELINE}` outputs to compare with."
     else:
         lossless = "Sampling (T > 0): outputs are not expected to match `ar` token for token, so none are compared."
-    caveat = ("Intervals are 95 % bootstrap intervals over whole trajectories; a cell with one trajectory has none "
-              f"(n=1), and † marks cells with fewer than {stats.MIN_TRAJECTORIES} trajectories.")
-    paragraphs = [" ".join(p for p in [first, *per_task] if p), " ".join(trends), lossless + " " + caveat]
+    caveat = (f"Intervals are 95 % bootstrap intervals over whole trajectories, printed as [lo, hi]; below "
+              f"{stats.MIN_INTERVAL_TRAJECTORIES} trajectories a cell has none and prints its n, and † marks cells "
+              f"with fewer than {stats.MIN_TRAJECTORIES}. Best and ties are decided by a paired bootstrap of the "
+              "ratio between two methods on the trajectories both ran, not by overlapping intervals.")
+    paragraphs = [" ".join(p for p in [first, *per_task] if p), break_even, lossless + " " + caveat]
     return [p for p in paragraphs if p.strip()]
-
-
-def _times(row) -> str:
-    text = f"{row.speedup:.2f}×"
-    if int(row.trajectories) >= 2 and pd.notna(row.speedup_ci_low):
-        text += f" [{row.speedup_ci_low:.2f}–{row.speedup_ci_high:.2f}]"
-    return text
 
 
 def dirty_warnings(results: Results) -> list[str]:
@@ -216,6 +230,63 @@ def dirty_warnings(results: Results) -> list[str]:
             dirty.setdefault(_short_commit(commit), []).append(run.key)
     return [f"run{'s' if len(keys) > 1 else ''} {', '.join(keys)} made from commit {commit}: the working tree had "
             "uncommitted changes, so the code that ran is not exactly that commit" for commit, keys in dirty.items()]
+
+
+def data_provenance_table(results: Results) -> Table:
+    """Per run: the samples (ids), the data they came from (hash), the replay mode and where the replies in the
+    contexts came from, and the timing protocol (repeats, warm-up)."""
+    records = []
+    for run in results.runs:
+        c = run.config
+        done = metrics.decoded(results.turns[results.turns.run == run.key])
+        single = len(done) > 0 and int(done.groupby(["method", "sample_id"]).turn.nunique().max()) == 1
+        commit = _short_commit((c.get("environment") or {}).get("git_commit"))
+        data = c.get("data_sha256") or (f"bundled data/ of the code at {commit}" if not c.get("data_path")
+                                        else "not recorded")
+        records.append({"run": run.key, "task": run.task_label, "samples": len(c.get("sample_ids") or []),
+                        "sample_ids": ", ".join(map(str, c.get("sample_ids") or [])) or "–",
+                        "data": data, "data_source": c.get("task_source") or "–",
+                        "replay": c.get("replay"), "replay_source": verdict.replay_source(c, single),
+                        "timing_repeats": c.get("repeats", 1), "warmup": c.get("warmup"),
+                        "temperature": c.get("temperature"), "seed": c.get("seed")})
+    fields = [k for k in records[0] if k != "run"]
+    rows = [[Cell(name)] + [Cell(_text(r[name])) for r in records] for name in fields]
+    notes = ["data = run.json's data_sha256 (sha256 of a --data-path) or, for the bundled data, the commit it is "
+             "versioned with", "replay source = run.json's replay_source where recorded, else the replay mode and "
+             "the task's source", "timing repeats = decodes per turn from the same seed; the median repeat is kept"]
+    return Table("data_provenance", "Data and replay provenance", ["", *[r["run"] for r in records]], rows, notes,
+                 pd.DataFrame(records))
+
+
+def drafters_table(results: Results, cards: dict, base: Path) -> Table | None:
+    """Per learned drafter: its checkpoint, its training budget and what its training data held out."""
+    if not cards:
+        return None
+    tasks = [t.split(":")[0] for t in results.tasks]
+    rows, records = [], []
+    for method, facts in cards.items():
+        checkpoint = next((d.get("checkpoint") for r in results.runs
+                           for m, d in (r.config.get("drafters") or {}).items() if m == method and d.get("checkpoint")),
+                          None)
+        facts = facts or {}
+        held = [t for t in tasks if t in (facts.get("heldout_tasks") or {})]
+        record = {"method": method, "checkpoint": _shown(checkpoint, base), "steps": facts.get("steps"),
+                  "training_minutes": facts.get("training_minutes"), "threads": facts.get("threads"),
+                  "reply_tokens": facts.get("reply_tokens"), "warm_start": facts.get("warm_start"),
+                  "data_sources": "; ".join(facts.get("data_sources") or []),
+                  "heldout": (f"all samples of {', '.join(held)} held out ({facts['heldout_rule']})"
+                              if facts.get("heldout_rule") and held else
+                              "not stated" if not facts else f"held-out list lacks {', '.join(tasks)}")}
+        records.append(record)
+        rows.append([Cell(method), Cell(record["checkpoint"]), Cell(record["steps"]),
+                     Cell(record["training_minutes"], digits=0), Cell(record["threads"]),
+                     Cell(record["reply_tokens"]), Cell(_text(record["warm_start"])), Cell(record["data_sources"]),
+                     Cell(record["heldout"])])
+    notes = ["from each checkpoint's training_report.json (and MODEL_CARD.md) next to the weights; a warm start's "
+             "own training is not counted in the budget", "– = the checkpoint has no training report here"]
+    return Table("drafters", "Drafters: training budget and held-out data",
+                 ["Method", "checkpoint", "steps", "minutes", "threads", "reply tokens", "warm start", "data",
+                  "held out"], rows, notes, pd.DataFrame(records))
 
 
 def provenance_table(results: Results, base: Path) -> Table:
@@ -300,12 +371,15 @@ def environment_table(results: Results) -> Table:
 
 
 def _in_report_order(summary: pd.DataFrame, results: Results) -> pd.DataFrame:
-    """Tasks in the order the runs were given, methods in `Results.methods` order (then by context, if binned)."""
+    """Tasks in the order the runs were given, methods in `Results.methods` order (then by context, if binned; rows
+    that tie, e.g. the positions or terciles of one method, keep their order)."""
     task_rank = {t: i for i, t in enumerate(results.tasks)}
     method_rank = {m: i for i, m in enumerate(results.methods)}
-    context = summary.context_lo if "context_lo" in summary.columns else pd.Series(0, index=summary.index)
-    order = sorted(range(len(summary)), key=lambda i: (task_rank[summary.task.iloc[i]],
-                                                       method_rank[summary.method.iloc[i]], context.iloc[i]))
+    column = next((c for c in ("context_lo", "step_context_lo") if c in summary.columns), None)
+    context = summary[column] if column else pd.Series(0, index=summary.index)
+    order = sorted(range(len(summary)), key=lambda i: (task_rank.get(summary.task.iloc[i], len(task_rank)),
+                                                       method_rank.get(summary.method.iloc[i], len(method_rank)),
+                                                       context.iloc[i]))  # sorted() is stable: ties keep order
     return summary.iloc[order].reset_index(drop=True)
 
 

@@ -16,7 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from evalsuite import conventions, metrics
-from evalsuite.report import stats
+from evalsuite.report import effects, positions, stats
 from evalsuite.report.load import Results
 from evalsuite.report.tables import human_bytes
 from evalsuite.conventions import BASELINE
@@ -90,9 +90,12 @@ def method_groups(results: Results, methods: list[str]) -> list[tuple[str, list[
 
 
 def write_figures(results: Results, summary: pd.DataFrame, curves: pd.DataFrame, costs: pd.DataFrame,
-                  directory: Path, seed: int = 0, n_resamples: int = stats.DEFAULT_RESAMPLES
+                  directory: Path, seed: int = 0, n_resamples: int = stats.DEFAULT_RESAMPLES,
+                  effect: pd.DataFrame | None = None, limits: dict | None = None
                   ) -> tuple[list[FigureFile], list[str]]:
-    """Returns the figures written and one line per figure that had no data."""
+    """Returns the figures written and one line per figure that had no data. `curves` may carry
+    `tau_break_even` (drawn on the τ figure); `effect` is `effects.context_effect` (its figure); `limits` is
+    `positions.run_limits` (the draft room behind the per-position rates)."""
     directory.mkdir(parents=True, exist_ok=True)
     steps = results.steps
     methods = [m for m in results.methods if m != BASELINE]
@@ -105,32 +108,48 @@ def write_figures(results: Results, summary: pd.DataFrame, curves: pd.DataFrame,
         ("speedup_vs_context", "Speedup against context, within each task",
          "One panel per task (columns); learned and model-free drafters in separate rows so their ranges do not "
          "squash each other. Bold: pooled speedup per context bin (quantile bins of the task's turn contexts) at "
-         "the bin's median context, with 95 % trajectory-bootstrap intervals where the bin holds ≥ 2 trajectories; "
-         "thin lines: each trajectory's per-turn speedup; n under each bin = trajectories in it; † = fewer than 5 "
-         "trajectories; dashed line: AR.",
+         "the bin's median context, and its 95 % trajectory-bootstrap interval; "
+         f"thin lines: each trajectory's per-turn speedup; n under each bin = trajectories in it; intervals where "
+         f"the bin holds ≥ {stats.MIN_INTERVAL_TRAJECTORIES} trajectories; † = fewer than {stats.MIN_TRAJECTORIES} "
+         "trajectories; dashed line: AR. Bins mix trajectories and turn positions: the within-trajectory effect "
+         "is the next figure.",
          lambda: _context_figure(curves, turns, groups, tasks, palette, "speedup", "speedup over AR (×)")),
-        ("tau_vs_context", "τ against context, within each task",
+        ("context_effect", "Speedup against context within trajectories",
+         "Paired per-turn speedup (the method's decode time per token against `ar`'s on the same turn) against "
+         "the turn's context, log–log, one thin line per trajectory (its turns in order). Bold: the pooled "
+         "within-trajectory slope (trajectory fixed effects) through the centroid of the turns that carry within "
+         "information, drawn over the context growth of a typical trajectory (its median span), with its 95 % "
+         f"cluster-bootstrap fan (none below {stats.MIN_INTERVAL_TRAJECTORIES} "
+         "trajectories); b = d log speedup / d log context (×2^b per doubling). Dashed: 1× (AR). Tasks whose "
+         "trajectories have one turn each have no panel.",
+         lambda: context_effect_figure(results.steps, results.turns, effect, methods, tasks, palette)
+         if effect is not None else None),
+        ("tau_vs_context", "τ against context, within each task, with break-even τ*",
          "As the speedup figure: bold = pooled τ per context bin of the task, thin = each trajectory's per-turn "
-         "τ; τ counts the bonus token.",
+         "τ; τ counts the bonus token. Horizontal dashes, in the method's colour: its break-even τ* in the same "
+         "bin (draft + verify ms per step / the target's one-token decode ms): a method whose τ lies above its "
+         "dash is faster than `ar` there.",
          lambda: _context_figure(curves, turns, groups, tasks, palette, "tau", "τ")),
-        ("cost_vs_context", "Cost against context: target decode, verify and draft time",
-         "Per task (columns), against the step's context length in the task's bins: top, the target's forward "
+        ("cost_vs_context", "Cost against step context: target decode, verify and draft time",
+         "Per task (columns), against the step's own context length, in the task's step-context bins (not the "
+         "turn-context bins of the figures above): top, the target's forward "
          "(black: the one-token decode of `ar`; coloured: each method's verify of K+1 tokens); middle, the "
          "drafter's time per step; bottom, its draft-state memory (log scale; 0 B not drawn). A speedup trend "
          "follows from verify + draft against decode.", lambda: _cost_figure(costs, methods, tasks, palette)),
         ("tau_vs_turn", "τ against turn index",
          "Token-weighted τ of all steps in the n-th turn of each trajectory, per task (learned and model-free "
-         "drafters in separate rows); error bars: 95 % trajectory bootstrap CI (none with one trajectory); "
+         f"drafters in separate rows); error bars: 95 % trajectory bootstrap CI (none below "
+         f"{stats.MIN_INTERVAL_TRAJECTORIES} trajectories); "
          "skipped turns (context limit) have no steps and are counted in the panel title.",
          lambda: _tau_vs_turn(drafting, results.turns, groups, tasks, palette, seed, n_resamples)),
-        ("per_position", "Per-position acceptance (conditional and marginal)",
-         "Conditional P(j accepted | 1..j-1 accepted) and marginal P(1..j all accepted), steps pooled over tasks; "
-         "the number on each bar is the steps behind it (conditional: steps that reached j; marginal: steps that "
-         "drafted ≥ j tokens); a position never reached has no bar.",
-         lambda: _per_position(drafting, methods, palette)),
+        ("per_position", "Per-position acceptance per task (marginal and conditional)",
+         "Per task (columns): marginal P(1..j all accepted) over every verify step whose budget left room for j "
+         "drafts (a drafter that proposed fewer than j counts as not accepted), and conditional P(j accepted | "
+         "1..j-1 accepted); the number on each bar is the steps behind it; a position never reached has no bar.",
+         lambda: _per_position(drafting, results.turns, methods, tasks, palette, limits)),
         ("speedup_per_task", "Speedup per task",
          "Paired AR decode time per token / method decode time per token, pooled over turns; error bars: 95 % "
-         "trajectory bootstrap CI (none with one trajectory); dashed line: AR.",
+         f"trajectory bootstrap CI (none below {stats.MIN_INTERVAL_TRAJECTORIES} trajectories); dashed line: AR.",
          lambda: _speedup_per_task(summary, methods, tasks, palette)),
     ]
     written, skipped = [], []
@@ -138,7 +157,8 @@ def write_figures(results: Results, summary: pd.DataFrame, curves: pd.DataFrame,
         for name, title, caption, build in builders:
             figure = build() if not drafting.empty else None
             if figure is None:
-                skipped.append(f"figure {name}: no data of a drafting method to plot")
+                if name != "context_effect" or drafting.empty:  # no multi-turn context growth: its table says so
+                    skipped.append(f"figure {name}: no data of a drafting method to plot")
                 continue
             png, svg = directory / f"{name}.png", directory / f"{name}.svg"
             FigureCanvasAgg(figure)
@@ -216,6 +236,10 @@ def _context_figure(curves, turns, groups, tasks, palette, measure: str, ylabel:
                 if cell.empty:
                     continue
                 ax.plot(cell.context_median, cell[measure], linewidth=2.0, markersize=5, label=method, **style)
+                if measure == "tau" and "tau_break_even" in cell.columns and cell.tau_break_even.notna().any():
+                    ax.plot(cell.context_median, cell.tau_break_even, color=style["color"], linestyle="none",
+                            marker="_", markersize=16, markeredgewidth=2.4, alpha=0.85, label="_break_even")
+                    pooled_values.append(cell.tau_break_even.to_numpy(float))
                 error = np.clip(np.vstack([cell[measure] - cell[low_col], cell[high_col] - cell[measure]]), 0, None)
                 shown = np.isfinite(error).all(axis=0)  # a one-trajectory cell has no interval to draw
                 if shown.any():
@@ -223,6 +247,9 @@ def _context_figure(curves, turns, groups, tasks, palette, measure: str, ylabel:
                                 yerr=error[:, shown], fmt="none", ecolor=style["color"], capsize=2.5, elinewidth=1.0)
             if measure == "speedup":
                 ax.axhline(1.0, color="#555555", linestyle="--", linewidth=0.9)
+            elif "tau_break_even" in cells.columns and cells.tau_break_even.notna().any():
+                ax.plot([], [], color="#555555", linestyle="none", marker="_", markersize=16, markeredgewidth=2.4,
+                        label="τ* (break-even)")
             # the axis follows the pooled values; trajectory lines beyond the 2nd-98th percentile are clipped
             clipped = np.nanpercentile(thin_values, [2, 98]) if np.isfinite(thin_values).any() else []
             limits = _limits(pooled_values + [np.asarray(clipped)] + ([np.array([1.0])] if measure == "speedup"
@@ -280,7 +307,7 @@ def _cost_figure(costs, methods, tasks, palette) -> Figure | None:
         axes[2, c].set_yscale("log", base=2)
         axes[2, c].yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=4))
         axes[2, c].yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: human_bytes(v)))
-        axes[2, c].set_xlabel("context (tokens)")
+        axes[2, c].set_xlabel("step context (tokens)")
     axes[0, 0].set_ylabel("target ms / forward")
     axes[1, 0].set_ylabel("draft ms / step")
     axes[2, 0].set_ylabel("draft state")
@@ -306,7 +333,8 @@ def _tau_vs_turn(steps, turns, groups, tasks, palette, seed, n_resamples) -> Fig
                 style = palette.line(method)
                 ax.plot(x, curve.tau, linewidth=1.4, markersize=4, label=method, **style)
                 error = np.clip(np.vstack([curve.tau - curve.low, curve.high - curve.tau]), 0, None)
-                shown = np.isfinite(error).all(axis=0) & (curve.trajectories.to_numpy() >= 2)
+                shown = np.isfinite(error).all(axis=0) & \
+                    (curve.trajectories.to_numpy() >= stats.MIN_INTERVAL_TRAJECTORIES)
                 if shown.any():
                     ax.errorbar(x[shown], curve.tau.to_numpy()[shown], yerr=error[:, shown], fmt="none",
                                 ecolor=style["color"], capsize=2.5, elinewidth=1.0)
@@ -325,31 +353,131 @@ def _tau_vs_turn(steps, turns, groups, tasks, palette, seed, n_resamples) -> Fig
     return figure
 
 
-def _per_position(steps, methods, palette) -> Figure | None:
+def _per_position(steps, turns, methods, tasks, palette, limits) -> Figure | None:
     methods = [m for m in methods if (steps[steps.method == m].num_drafted > 0).any()]
-    if not methods:
+    table = positions.position_table(steps[steps.method.isin(methods)], turns, limits, by_tercile=False)
+    tasks = [t for t in tasks if t in set(table.task)]
+    if table.empty or not tasks:
         return None
-    k = int(steps.num_drafted.max())
-    figure, axes = _grid(1, 2, height=3.2)
+    k = int(table.position.max())
+    figure, axes = _grid(2, len(tasks), height=2.6)
     width = 0.8 / len(methods)
-    for i, method in enumerate(methods):
-        table = metrics.per_position(steps[steps.method == method], max_position=k)
-        x = table.position.to_numpy() + (i - (len(methods) - 1) / 2) * width
-        for ax, column, count in zip(axes[0], ("conditional", "marginal"), ("reached", "drafted")):
-            shown = table[count].to_numpy() > 0  # a position never reached has no bar (not a bar at 0)
-            bars = ax.bar(x[shown], table[column].to_numpy()[shown], width=width, color=palette(method),
-                          label=method)
-            ax.bar_label(bars, labels=[f"{n:,}" for n in table[count].to_numpy()[shown]], fontsize=5,
-                         rotation=90, padding=1.5, color="#3b4550")
-    for ax, title in zip(axes[0], ("conditional: P(j accepted | 1..j-1 accepted)", "marginal: P(1..j all accepted)")):
-        ax.set_title(title)
-        ax.set_xlabel("draft position j")
-        ax.set_ylim(0, 1.18)
-        ax.set_yticks([0, 0.25, 0.5, 0.75, 1.0])
-        ax.set_xticks(range(1, k + 1))
-    axes[0, 0].set_ylabel("acceptance rate")
+    for c, task in enumerate(tasks):
+        for i, method in enumerate(methods):
+            rates = table[(table.task == task) & (table.method == method)]
+            if rates.empty:
+                continue
+            x = rates.position.to_numpy() + (i - (len(methods) - 1) / 2) * width
+            for r, (column, count) in enumerate((("marginal", "room"), ("conditional", "reached"))):
+                shown = rates[count].to_numpy() > 0  # a position never reached has no bar (not a bar at 0)
+                bars = axes[r, c].bar(x[shown], rates[column].to_numpy()[shown], width=width,
+                                      color=palette(method), label=method)
+                if len(tasks) <= 2:
+                    axes[r, c].bar_label(bars, labels=[f"{n:,}" for n in rates[count].to_numpy()[shown]],
+                                         fontsize=5, rotation=90, padding=1.5, color="#3b4550")
+        for r, title in enumerate(("marginal: P(1..j all accepted)", "conditional: P(j | 1..j-1)")):
+            ax = axes[r, c]
+            ax.set_title(f"{task}: {title}" if len(tasks) <= 2 else (task if r == 0 else "") , fontsize=8.5)
+            ax.set_ylim(0, 1.18 if len(tasks) <= 2 else 1.02)
+            ax.set_yticks([0, 0.25, 0.5, 0.75, 1.0])
+            ax.set_xticks(range(1, k + 1))
+            if r == 1:
+                ax.set_xlabel("draft position j")
+    axes[0, 0].set_ylabel("marginal")
+    axes[1, 0].set_ylabel("conditional")
     _legend(figure, axes)
     return figure
+
+
+# ---- the within-trajectory context effect --------------------------------------------------------------------------
+NICE = (0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 7.0, 10.0, 20.0)
+
+
+def context_effect_figure(steps: pd.DataFrame, turns: pd.DataFrame, effect: pd.DataFrame,
+                          methods: list[str] | None = None, tasks: list[str] | None = None,
+                          palette: Palette | None = None) -> Figure | None:
+    """One row per drafting method, one column per task with within-trajectory information: each trajectory's
+    paired per-turn speedups against the turn's context (log–log), and the pooled within slope with its fan."""
+    table = effects.turn_table(steps, turns)
+    table = table[np.isfinite(table.log_speedup.astype(float)) & np.isfinite(table.log_context.astype(float))]
+    with_within = effect[effect.n_trajectories > 0]
+    tasks = [t for t in (tasks or list(dict.fromkeys(turns.task))) if t in set(with_within.task)]
+    methods = [m for m in (methods or sorted(set(with_within.method))) if m in set(with_within.method)]
+    if not tasks or not methods:
+        return None
+    palette = palette or Palette(methods)
+    figure = Figure(figsize=(FIG_WIDTH, 1.9 * len(methods) + 0.6), layout="constrained")
+    axes = figure.subplots(len(methods), len(tasks), squeeze=False, sharex="col", sharey="row")
+    for r, method in enumerate(methods):
+        for c, task in enumerate(tasks):
+            ax = axes[r, c]
+            cell = table[(table.task == task) & (table.method == method)]
+            row = effect[(effect.task == task) & (effect.method == method)]
+            style = palette.line(method)
+            for _, trajectory in cell.groupby("trajectory", sort=False):
+                trajectory = trajectory.sort_values("turn")
+                ax.plot(trajectory.context_len, trajectory.speedup_turn, color=style["color"], linewidth=0.8,
+                        alpha=0.45, marker=style["marker"], markersize=2.5, label="_trajectory")
+            ax.axhline(1.0, color="#555555", linestyle="--", linewidth=0.9)
+            if len(row) and np.isfinite(row.slope_log_speedup.iloc[0]):
+                _draw_slope(ax, cell, row.iloc[0], style, method)
+            _log_axes(ax, cell.context_len.to_numpy(float))
+            if r == 0:
+                ax.set_title(task)
+            if c == 0:
+                ax.set_ylabel(f"{method}\nspeedup")
+            if r == len(methods) - 1:
+                ax.set_xlabel("turn context (tokens)")
+    for r, method in enumerate(methods):  # the row's scale follows its points (and 1×), not the slope's fan
+        values = table[table.method == method].speedup_turn.to_numpy(float)
+        low, high = min(values.min(initial=1.0), 1.0), max(values.max(initial=1.0), 1.0)
+        axes[r, 0].set_ylim(low / 1.15, high * 1.15)
+        axes[r, 0].yaxis.set_major_locator(matplotlib.ticker.FixedLocator(_nice_ticks(low / 1.15, high * 1.15)))
+    _legend(figure, axes)
+    return figure
+
+
+def _nice_ticks(low: float, high: float) -> list[float]:
+    inside = [v for v in NICE if low <= v <= high]
+    while len(inside) > 6:
+        inside = inside[::2] if 1.0 in inside[::2] else inside[1::2]
+    return inside
+
+
+def _log_axes(ax, contexts: np.ndarray) -> None:
+    """Both axes logarithmic with plain-number labels (contexts as 2,000, speedups as 1.5×); a narrow context range
+    (under 3×) labels every minor tick, a wide one those starting with 2 or 5."""
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    narrow = len(contexts) and contexts.max() < 3 * contexts.min()
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(
+        lambda v, _: f"{v:,.0f}" if narrow or str(round(v))[0] in "25" else ""))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}×"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.tick_params(axis="x", labelsize=7.5, which="both")
+
+
+def _draw_slope(ax, cell: pd.DataFrame, row, style: dict, method: str) -> None:
+    inside = cell.groupby("trajectory").context_len.transform("nunique") > 1
+    used = cell[inside]
+    if used.empty:
+        return
+    x0, y0 = float(used.log_context.mean()), float(used.log_speedup.mean())
+    # drawn over the span a typical trajectory covers (the slope's support), not across all trajectories' contexts
+    half = 0.5 * np.log(row.context_span) if np.isfinite(row.context_span) else 0.0
+    xs = np.linspace(max(x0 - half, used.log_context.min()), min(x0 + half, used.log_context.max()), 20)
+    b = float(row.slope_log_speedup)
+    ax.plot(np.exp(xs), np.exp(y0 + b * (xs - x0)), color=style["color"], linewidth=2.2,
+            linestyle=style["linestyle"], label=method)
+    label = f"b = {b:+.2f}"
+    if np.isfinite(row.slope_lo):
+        low, high = y0 + row.slope_lo * (xs - x0), y0 + row.slope_hi * (xs - x0)
+        ax.fill_between(np.exp(xs), np.exp(np.minimum(low, high)), np.exp(np.maximum(low, high)),
+                        color=style["color"], alpha=0.15, linewidth=0)
+        label += f" [{row.slope_lo:+.2f}, {row.slope_hi:+.2f}]"
+    label += f", n={int(row.n_trajectories)}"
+    ax.text(0.02, 0.96, label, transform=ax.transAxes, ha="left", va="top", fontsize=7, color="#2b333b")
 
 
 def _speedup_per_task(summary, methods, tasks, palette) -> Figure | None:

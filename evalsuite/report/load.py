@@ -1,8 +1,9 @@
 """Read run directories and merge them into one set of tables, refusing to mix incomparable configurations.
 
 Every row keeps a `run` column (a unique key per directory) so that each number can be traced to the run.json
-that produced it. A run with a `--subset` is labelled `task:subset` (e.g. `longbench-v2:Multi-Document QA`), so
-subsets of one task become separate columns of the tables.
+that produced it. A run with a `--subset` is labelled `task:subset` (e.g. `longbench-v2:Multi-Document QA`), and a
+run at T > 0 `task T=1` (e.g. `mt-bench T=1`), so subsets and temperatures of one task become separate columns of
+the tables (and separate blocks of Table 1), never pooled.
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from evalsuite import store
+from evalsuite import degenerate, store
 from evalsuite.config import DRIFT_FIELDS, PER_METHOD_DRIFT_FIELDS, drift_value
 from evalsuite.conventions import BASELINE
 from evalsuite.errors import UserError
 
 # Drift fields that legitimately differ between runs of *different* tasks; they must agree only among runs of
 # the same task (otherwise two rows of one table column would come from different protocols).
-PER_TASK_FIELDS = ("task", "replay", "seed", "max_new_tokens", "context_policy", "max_turns")
+PER_TASK_FIELDS = ("task", "replay", "seed", "max_new_tokens", "context_policy", "max_turns", "temperature")
 # What identifies which samples a run drew; runs of one task must agree on it too.
 SAMPLE_SET_FIELDS = ("subset", "data_sha256", "sample_ids", "format")
 # Fields that every merged run must share, derived from the one list of drift fields.
@@ -35,13 +36,13 @@ class RunInfo:
 
     @property
     def task_label(self) -> str:
-        return task_label(self.config.get("task", "?"), self.config.get("subset"))
+        return task_label(self.config.get("task", "?"), self.config.get("subset"), self.config.get("temperature"))
 
 
 @dataclass
 class Results:
     steps: pd.DataFrame  # StepRecord rows plus `run` and `temperature`; `task` holds the task label
-    turns: pd.DataFrame  # TurnRecord rows (without output_ids) plus `run` and `temperature`
+    turns: pd.DataFrame  # TurnRecord rows plus `run` and `temperature`; `degenerate` filled for older runs
     runs: list[RunInfo]
     mixed: list[str] = field(default_factory=list)  # differences accepted under --allow-mixed, one line each
     notes: list[str] = field(default_factory=list)  # merge decisions the reader should know about
@@ -57,8 +58,11 @@ class Results:
         return list(dict.fromkeys(r.task_label for r in self.runs))
 
 
-def task_label(task: str, subset: str | None) -> str:
-    return f"{task}:{subset}" if subset else task
+def task_label(task: str, subset: str | None, temperature: float | None = 0.0) -> str:
+    """The column a run's rows go to: the task, its subset, and the temperature when it is not 0 (runs of one task
+    at two temperatures are two columns, never pooled)."""
+    label = f"{task}:{subset}" if subset else task
+    return f"{label} T={float(temperature):g}" if temperature else label
 
 
 def read_run(path: Path, key: str) -> tuple[RunInfo, pd.DataFrame, pd.DataFrame]:
@@ -77,7 +81,7 @@ def read_run(path: Path, key: str) -> tuple[RunInfo, pd.DataFrame, pd.DataFrame]
         frame["run"] = key
         frame["task"] = info.task_label
         frame["temperature"] = float(info.config.get("temperature", float("nan")))
-    return info, steps, turns
+    return info, steps, degenerate.flag_turns(turns)  # flags of runs written before the runner recorded them
 
 
 def load_results(paths: list[Path], allow_mixed: bool = False, tasks: list[str] | None = None,

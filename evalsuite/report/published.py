@@ -48,7 +48,7 @@ def _norm(text: str) -> str:
 
 
 def matches(published: pd.DataFrame, method: str, task_label: str, temperature: float) -> pd.DataFrame:
-    task, _, subset = task_label.partition(":")
+    task, _, subset = task_label.split(" T=")[0].partition(":")
     same = (published.method == method) & (published.task == task) & \
            (published.subset.map(_norm) == _norm(subset)) & \
            ((published.temperature - temperature).abs() < 1e-9)

@@ -1,4 +1,4 @@
-"""Acceptance by span type and by copying (issue 23): pure pandas over the steps, turns and spans tables.
+"""Acceptance by span type and by copying: pure pandas over the steps, turns and spans tables.
 
 **Where a step's drafts land in the output** (evalsuite/engines/loop.py `decode_turn`). Output position 0 is the token
 the prefill produces; no step drafts it. Step s starts when the output holds n_s tokens (n_0 = 1, n_{s+1} = n_s +

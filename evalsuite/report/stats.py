@@ -15,8 +15,10 @@ import pandas as pd
 from evalsuite import metrics
 from evalsuite.conventions import BASELINE
 
-CI_CONVENTION = ("95 % CI: percentile bootstrap resampling whole trajectories (sample ids) with replacement; "
-                 "± is half the interval's width; a cell with one trajectory has no interval and prints n=1")
+MIN_INTERVAL_TRAJECTORIES = 3  # no interval (and no claim resting on one) below this many trajectories
+CI_CONVENTION = ("95 % CI: percentile bootstrap resampling whole trajectories (sample ids) with replacement, printed "
+                 "as [lo, hi] (it is not symmetric, so never as ±); a cell with fewer than "
+                 f"{MIN_INTERVAL_TRAJECTORIES} trajectories has no interval and prints its n instead")
 CONTEXT_CONVENTION = ("context = the turn's prompt length in tokens (what the target holds before the reply); bins "
                       "are quantile bins of each task's own turn contexts, so no bin mixes tasks; a turn's steps "
                       "and its speedup fall in its turn's bin")
@@ -155,7 +157,7 @@ def summarize(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0,
         done = metrics.decoded(cell_turns)
         tau_low, tau_high = tau_ci(cell_steps, units, cell_seed(seed, "tau", method, task), n_resamples)
         sp_low, sp_high = speedup_ci(cell_turns, units, cell_seed(seed, "speedup", method, task), n_resamples)
-        if len(units) < 2 or method == BASELINE:  # one trajectory, or 1 by construction: no interval
+        if len(units) < MIN_INTERVAL_TRAJECTORIES or method == BASELINE:  # too few, or 1 by construction
             tau_low = tau_high = sp_low = sp_high = float("nan")
         differs, compared = metrics.differs_from_ar(turns[turns.task == task], method)
         rows.append({
@@ -272,7 +274,7 @@ def context_curves(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0, n_re
                 if not in_bin.any():
                     continue
                 n_traj = int(unit_of[in_bin].nunique())
-                interval = n_traj >= 2
+                interval = n_traj >= MIN_INTERVAL_TRAJECTORIES
                 rows.append({
                     "task": task, "method": method, "context_lo": int(edges[b]), "context_hi": int(edges[b + 1]) - 1,
                     "n_trajectories": n_traj, "n_turns": int(in_bin.sum()), "n_steps": int(tau_units[:, b, 1].sum()),
@@ -287,30 +289,36 @@ def context_curves(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0, n_re
     return pd.DataFrame(rows, columns=CONTEXT_CURVE_COLUMNS + ["context_median"])
 
 
-COST_CURVE_COLUMNS = ["task", "method", "context_lo", "context_hi", "n_steps", "ar_decode_ms", "verify_ms",
+COST_CURVE_COLUMNS = ["task", "method", "step_context_lo", "step_context_hi", "n_steps", "ar_decode_ms", "verify_ms",
                       "draft_ms", "draft_state_bytes"]
+COST_CONTEXT_CONVENTION = ("step context = the target's KV length when a verify step starts; the cost bins are "
+                           "quantile bins of each task's step contexts (every method's steps), labelled by their own "
+                           "edges, and each step falls in the bin of its own context; they are not the turn-context "
+                           "bins of the τ and speedup table, whose break-even τ* uses the costs of that table's own "
+                           "turns")
 
 
 def cost_curves(steps: pd.DataFrame, turns: pd.DataFrame, max_bins: int = 6) -> pd.DataFrame:
-    """Per (task, method, context bin of the task): mean ms per verify step of the target (`verify_ms`) and of the
-    drafter (`draft_ms`), mean draft-state bytes, and the target's one-token decode ms (`ar_decode_ms`: the `ar`
-    method's steps in the same bin). Steps fall in the bin of their own context length; `context_median` (where
-    figures draw the bin) is the median context of all the task's steps in the bin, the same for every method."""
+    """Per (task, method, step-context bin of the task): mean ms per verify step of the target (`verify_ms`) and of
+    the drafter (`draft_ms`), mean draft-state bytes, and the target's one-token decode ms (`ar_decode_ms`: the `ar`
+    method's steps in the same bin). The bins are the task's own step-context quantile bins (COST_CONTEXT_CONVENTION)
+    and carry their own edges (`step_context_lo/hi`); `context_median` (where figures draw the bin) is the median
+    context of all the task's steps in the bin, the same for every method."""
     rows = []
     for task in list(dict.fromkeys(turns.task)):
-        task_turns = metrics.decoded(turns[turns.task == task])
+        decoded_turns = metrics.decoded(turns[turns.task == task])
         task_steps = steps[steps.task == task]
-        if task_turns.empty or task_steps.empty:
+        if decoded_turns.empty or task_steps.empty:
             continue
-        edges = task_context_edges(task_turns.context_len, max_bins)
+        edges = task_context_edges(task_steps.context_len, max_bins)
         bins = context_bin(task_steps.context_len, edges)
         frame = task_steps.assign(bin=bins)
         ar = frame[frame.method == BASELINE].groupby("bin").verify_s.mean()
         where = frame.groupby("bin").context_len.median()  # one x per bin, shared by every method
         for method in list(dict.fromkeys(frame.method)):
             for b, cell in frame[frame.method == method].groupby("bin"):
-                rows.append({"task": task, "method": method, "context_lo": int(edges[b]),
-                             "context_hi": int(edges[b + 1]) - 1, "n_steps": len(cell),
+                rows.append({"task": task, "method": method, "step_context_lo": int(edges[b]),
+                             "step_context_hi": int(edges[b + 1]) - 1, "n_steps": len(cell),
                              "ar_decode_ms": 1e3 * float(ar.get(b, np.nan)),
                              "verify_ms": 1e3 * float(cell.verify_s.mean()),
                              "draft_ms": 1e3 * float(cell.draft_s.mean()),

@@ -7,36 +7,31 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from dataclasses import dataclass, field
 
 import pandas as pd
 
 from evalsuite import conventions, metrics
-from evalsuite.report import stats
 from evalsuite.conventions import BASELINE
+from evalsuite.report import breakeven, decisions, effects, positions, stats, telemetry
 
 @dataclass
 class Cell:
     value: float | int | str | None
-    low: float | None = None  # the 95 % interval; printed as ± half its width
+    low: float | None = None  # the 95 % interval; printed as [lo, hi]
     high: float | None = None
-    n: int | None = None  # trajectories behind the value: n=1 prints no interval, n < 5 gets a † note
-    bold: bool = False  # best of its column, its interval clear of the runner-up's
-    tie: bool = False  # tied for best: its interval overlaps the best's (marked ≈)
+    n: int | None = None  # trajectories behind the value: below 3 prints its n and no interval, below 5 a † note
+    bold: bool = False  # best of its column by the paired bootstrap (`decisions.rank_methods`)
+    tie: bool = False  # tied for best: the paired ratio to the best covers 1 (marked ≈)
     digits: int = 2
     unit: str = ""  # "bytes": printed as B/KiB/MiB/GiB
     count: int | None = None  # a count shown after the value, e.g. the steps behind a rate: "0.81 (n=345)"
 
     @property
-    def half_width(self) -> float | None:
-        if not self.has_interval:
-            return None
-        return (self.high - self.low) / 2.0
-
-    @property
     def has_interval(self) -> bool:
         return (self.low is not None and self.high is not None and not math.isnan(self.low)
-                and not math.isnan(self.high) and (self.n is None or self.n >= 2))
+                and not math.isnan(self.high) and (self.n is None or self.n >= stats.MIN_INTERVAL_TRAJECTORIES))
 
     @property
     def few(self) -> bool:
@@ -53,10 +48,10 @@ class Cell:
         if isinstance(value, int):
             return f"{value:,}"
         body = f"{value:.{self.digits}f}"
-        if self.n == 1:
-            body += " (n=1)"
+        if self.n is not None and self.n < stats.MIN_INTERVAL_TRAJECTORIES:
+            body += f" (n={self.n})"
         elif self.has_interval:
-            body += f" ± {self.half_width:.{self.digits}f}"
+            body += f" [{self.low:.{self.digits}f}, {self.high:.{self.digits}f}]"
         if self.count is not None:
             body += f" (n={self.count:,})"
         if self.few:
@@ -66,10 +61,14 @@ class Cell:
         return body
 
 
-FEW_NOTE = (f"† fewer than {stats.MIN_TRAJECTORIES} trajectories in this cell: its interval is rough (with one "
-            "trajectory there is none, and n=1 is printed)")
-BOLD_NOTE = ("bold = best of its column, its 95 % interval clear of the runner-up's; ≈ = tied for best (intervals "
-             "overlap, so no bold); cells without an interval (n=1) are never bolded")
+FEW_NOTE = (f"† fewer than {stats.MIN_TRAJECTORIES} trajectories in this cell: its interval is rough (below "
+            f"{stats.MIN_INTERVAL_TRAJECTORIES} there is none, and the cell prints its n)")
+BOLD_NOTE = ("bold = best of its column by a paired bootstrap: the ratio of the best to the runner-up, resampling "
+             "the trajectories both ran on the turns both decoded, has its 95 % interval above 1; ≈ = tied for best "
+             "(that paired interval contains 1: the best, the runner-up and each next method whose paired ratio to "
+             "the best still contains 1), so none is bold; no mark where fewer than "
+             f"{stats.MIN_INTERVAL_TRAJECTORIES} shared trajectories leave it undecided (overlapping marginal "
+             "intervals decide nothing)")
 
 
 @dataclass
@@ -87,6 +86,15 @@ class Table:
             return list(self.header)
         owners = [name for name, span in self.groups for _ in range(span)]
         return [f"{owner} {column}".strip() for owner, column in zip(owners, self.header)]
+
+
+@dataclass
+class Box:
+    """A framed list of generated sentences on the page (the verdict, the caveats)."""
+
+    kind: str  # "verdict" | "caveat": the CSS class
+    title: str
+    lines: list[str]
 
 
 # ---- renderers -------------------------------------------------------------------------------------------------
@@ -142,6 +150,8 @@ def to_html(table: Table) -> str:
         tds = []
         for i, cell in enumerate(cells):
             text = inline_code(cell.text())
+            if cell.has_interval and _is_number(cell.value):  # the interval on its own, smaller line: narrow columns
+                text = re.sub(r"^(\S+) (\[[^\]]+\])", r'\1<br><span class="ci">\2</span>', text)
             cls = "num" if i > 0 and _is_number(cell.value) else "label"
             tds.append(f'<td class="{cls}">' + (f"<strong>{text}</strong>" if cell.bold else text) + "</td>")
         parts.append("<tr>" + "".join(tds) + "</tr>")
@@ -171,7 +181,8 @@ def _numeric_column(table: Table, j: int) -> bool:
 _LATEX_SPECIAL = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
                   "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}",
                   "τ": r"$\tau$", "±": r"$\pm$", "×": r"$\times$", "≥": r"$\geq$", "–": "--", "→": r"$\to$",
-                  "≤": r"$\leq$", "…": r"\ldots{}"}
+                  "≤": r"$\leq$", "…": r"\ldots{}", "†": r"\dag{}", "≈": r"$\approx$", "−": "$-$",
+                  "“": "``", "”": "''"}
 
 
 def latex_escape(text: str) -> str:
@@ -184,26 +195,16 @@ def latex_escape(text: str) -> str:
 
 
 # ---- helpers ---------------------------------------------------------------------------------------------------
-def mark_best(rows: list[list[Cell]], columns: list[int]) -> None:
-    """Per column: bold the highest value only when its interval lies above the runner-up's interval; when they
-    overlap it is a tie: the best and every cell whose interval overlaps the best's are marked ≈, none bold.
-    A best without an interval (one trajectory) is not marked at all: nothing tells it from the rest."""
-    for j in columns:
-        cells = [row[j] for row in rows if _is_number(row[j].value) and not isinstance(row[j].value, int)
-                 and not math.isnan(row[j].value)]
-        if len(cells) < 2:
+def mark_ranked(rows: list[list[Cell]], column: int, status: dict[str, str]) -> None:
+    """Bold / ≈ one column from the paired ranking {method: status} of `decisions.rank_methods` (the rows' first
+    cell names the method): "best" is bold, "tied for best" gets ≈, anything else (behind, undecided) no mark."""
+    for row in rows:
+        state = status.get(str(row[0].value), "")
+        if not _is_number(row[column].value) or (isinstance(row[column].value, float) and
+                                                  math.isnan(row[column].value)):
             continue
-        ranked = sorted(cells, key=lambda c: c.value, reverse=True)
-        best, runner_up = ranked[0], ranked[1]
-        if not best.has_interval:
-            continue
-        if runner_up.has_interval and best.low > runner_up.high:
-            best.bold = True
-            continue
-        best.tie = True
-        for cell in ranked[1:]:
-            if not cell.has_interval or cell.high >= best.low:
-                cell.tie = True
+        row[column].bold = state == "best"
+        row[column].tie = state == "tied for best"
 
 
 def _summary_lookup(summary: pd.DataFrame) -> dict[tuple[str, str], pd.Series]:
@@ -220,9 +221,12 @@ def _drafting_methods(methods: list[str]) -> list[str]:
 
 
 # ---- the headline: Table 1 with τ and speedup per task, one block per temperature -----------------------------
-def headline_tables(summary: pd.DataFrame, methods: list[str], tasks: list[str]) -> list[Table]:
+def headline_tables(summary: pd.DataFrame, methods: list[str], tasks: list[str],
+                    ranks: pd.DataFrame | None = None) -> list[Table]:
     """Paper-style Table 1: rows = drafting methods, per task τ and speedup side by side, then the Mean over tasks;
-    one table per temperature. Each task's header says its n; a cell whose n differs prints its own."""
+    one table per temperature. Each task's header says its n; a cell whose n differs prints its own. `ranks`
+    (`decisions.rank_methods` for "tau" and "speedup", stacked) decides bold and ties; without it nothing is
+    marked."""
     tables = []
     temperatures = sorted(set(summary.temperature.dropna())) or [float("nan")]
     for temperature in temperatures:
@@ -245,7 +249,7 @@ def headline_tables(summary: pd.DataFrame, methods: list[str], tasks: list[str])
                 n = int(r.trajectories)
                 row += [Cell(r.tau, r.tau_ci_low, r.tau_ci_high, n),
                         Cell(r.speedup, r.speedup_ci_low, r.speedup_ci_high, n)]
-                if n != common_n[task] and n > 1:
+                if n != common_n[task] and n >= stats.MIN_INTERVAL_TRAJECTORIES:
                     row[-1].count = n
                 taus.append(r.tau)
                 speedups.append(r.speedup)
@@ -258,7 +262,11 @@ def headline_tables(summary: pd.DataFrame, methods: list[str], tasks: list[str])
             records.append({"temperature": temperature, "method": method, "task": "Mean", "tau": mean_tau,
                             "speedup": mean_speedup})
             rows.append(row)
-        mark_best(rows, list(range(1, 2 * len(block_tasks) + 1)))
+        if ranks is not None and len(ranks):
+            for i, task in enumerate(block_tasks):
+                for offset, measure in ((1, "tau"), (2, "speedup")):
+                    cells = ranks[(ranks.task == task) & (ranks.measure == measure)]
+                    mark_ranked(rows, 1 + 2 * i + offset - 1, dict(zip(cells.method, cells.status)))
         turns_of = {t: int(block[block.task == t].turns.max()) for t in block_tasks}
         groups = [("", 1)] + [(f"{t} (n={common_n[t]}, {turns_of[t]} turns)", 2) for t in block_tasks] + \
                  [("Mean", 2)]
@@ -334,20 +342,28 @@ def summary_table(summary: pd.DataFrame) -> Table:
 
 # ---- context within each task ----------------------------------------------------------------------------------
 def context_table(curves: pd.DataFrame) -> Table | None:
+    """τ (with its break-even τ* where `curves` carries `tau_break_even`) and speedup per turn-context bin."""
     if curves.empty:
         return None
+    with_star = "tau_break_even" in curves.columns
     rows = []
     for r in curves.itertuples(index=False):
         n = int(r.n_trajectories)
         rows.append([Cell(r.task), Cell(r.method), Cell(f"{r.context_lo:,}–{r.context_hi:,}"), Cell(n),
-                     Cell(int(r.n_turns)), Cell(int(r.n_steps)), Cell(r.tau, r.tau_lo, r.tau_hi, n),
-                     Cell(r.speedup, r.speedup_lo, r.speedup_hi, n)])
+                     Cell(int(r.n_turns)), Cell(int(r.n_steps)), Cell(r.tau, r.tau_lo, r.tau_hi, n)]
+                    + ([Cell(r.tau_break_even)] if with_star else [])
+                    + [Cell(r.speedup, r.speedup_lo, r.speedup_hi, n)])
     notes = [stats.CONTEXT_CONVENTION, conventions.TAU, conventions.SPEEDUP, stats.CI_CONVENTION]
+    if with_star:
+        notes.insert(1, breakeven.BREAK_EVEN_CONVENTION)
     if (curves.n_trajectories < stats.MIN_TRAJECTORIES).any():
         notes.insert(0, FEW_NOTE)
-    return Table("speedup_vs_context", "τ and speedup against context, within each task",
-                 ["Task", "Method", "context (tokens)", "trajectories", "turns", "steps", "τ", "speedup"], rows,
-                 notes, curves[stats.CONTEXT_CURVE_COLUMNS])
+    columns = list(stats.CONTEXT_CURVE_COLUMNS)
+    if with_star:
+        columns.insert(columns.index("tau_hi") + 1, "tau_break_even")
+    return Table("speedup_vs_context", "τ, break-even τ* and speedup against context, within each task",
+                 ["Task", "Method", "context (tokens)", "trajectories", "turns", "steps", "τ"]
+                 + (["τ* (break-even)"] if with_star else []) + ["speedup"], rows, notes, curves[columns])
 
 
 def cost_context_table(costs: pd.DataFrame) -> Table | None:
@@ -356,18 +372,87 @@ def cost_context_table(costs: pd.DataFrame) -> Table | None:
     rows = []
     for r in costs.itertuples(index=False):
         drafting = r.method != BASELINE
-        rows.append([Cell(r.task), Cell(r.method), Cell(f"{r.context_lo:,}–{r.context_hi:,}"), Cell(int(r.n_steps)),
-                     Cell(r.ar_decode_ms, digits=1), Cell(r.verify_ms if drafting else None, digits=1),
+        rows.append([Cell(r.task), Cell(r.method), Cell(f"{r.step_context_lo:,}–{r.step_context_hi:,}"),
+                     Cell(int(r.n_steps)), Cell(r.ar_decode_ms, digits=1),
+                     Cell(r.verify_ms if drafting else None, digits=1),
                      Cell(r.draft_ms if drafting else None, digits=2),
                      Cell(r.draft_state_bytes if drafting else None, unit="bytes")])
-    notes = ["target 1-token decode = mean ms of the `ar` method's forward steps in the same task and context bin "
-             "(what a drafter must beat per emitted token); verify = mean ms of the method's verify forward "
+    notes = ["target 1-token decode = mean ms of the `ar` method's forward steps in the same task and step-context "
+             "bin (what a drafter must beat per emitted token); verify = mean ms of the method's verify forward "
              "(its K+1 tokens); draft = mean ms of the drafter's work per step; state = mean draft-state bytes",
-             "steps fall in the bin of their own context length (the target KV length when the step starts); bins "
-             "are those of the context table of the same task"]
-    return Table("cost_vs_context", "Cost against context, within each task: target decode, verify and draft",
-                 ["Task", "Method", "context (tokens)", "steps", "target 1-token decode ms", "verify ms",
+             stats.COST_CONTEXT_CONVENTION]
+    return Table("cost_vs_context", "Cost against step context, within each task: target decode, verify and draft",
+                 ["Task", "Method", "step context (tokens)", "steps", "target 1-token decode ms", "verify ms",
                   "draft ms", "draft state"], rows, notes, costs[stats.COST_CURVE_COLUMNS])
+
+
+def break_even_table(overall: pd.DataFrame) -> Table | None:
+    """Per task × drafting method: τ against its break-even τ* over the task's turns, the margin with its interval,
+    and the speedup the two imply."""
+    if overall.empty:
+        return None
+    rows = [[Cell(r.task), Cell(r.method), Cell(int(r.n_trajectories)), Cell(int(r.n_steps)), Cell(r.tau),
+             Cell(r.tau_break_even), Cell(r.tau_margin, r.tau_margin_lo, r.tau_margin_hi, int(r.n_trajectories)),
+             Cell(r.ar_decode_ms, digits=1), Cell(r.draft_ms, digits=2), Cell(r.verify_ms, digits=1),
+             Cell(r.speedup_implied)] for r in overall.itertuples(index=False)]
+    notes = [breakeven.BREAK_EVEN_CONVENTION,
+             "τ − τ*: its 95 % interval resamples whole trajectories (τ and τ* together); speedup implied = τ / "
+             "τ*_step, what the step costs alone predict (the measured speedup also pays the drafter's "
+             "start-of-turn work)", stats.CI_CONVENTION]
+    return Table("break_even", "τ against break-even τ*, per task",
+                 ["Task", "Method", "trajectories", "steps", "τ", "τ*", "τ − τ*", "target 1-token ms", "draft ms",
+                  "verify ms", "speedup implied"], rows, notes, overall)
+
+
+# ---- the within-trajectory context effect --------------------------------------------------------------------------
+def context_effect_table(effect: pd.DataFrame) -> Table | None:
+    if effect.empty:
+        return None
+    rows = []
+    for r in effect.itertuples(index=False):
+        n = int(r.n_trajectories)
+        rows.append([Cell(r.task), Cell(r.method), Cell(n), Cell(int(r.n_turns)),
+                     Cell(r.slope_log_speedup, r.slope_lo, r.slope_hi, n, digits=3),
+                     Cell(_change(r.slope_log_speedup, r.context_span)),
+                     Cell(r.slope_tau, r.slope_tau_lo, r.slope_tau_hi, n, digits=3),
+                     Cell(r.share_turns_above_1, digits=2, count=int(r.n_turns_all)),
+                     Cell(r.context_span, digits=2)])
+    notes = [effects.EFFECT_CONVENTION, "speedup change = the relative change of the speedup the slope b implies: "
+             "per doubling of the context (2^b − 1) where the trajectories' contexts span about 2× or more, else "
+             "over their median span (span^b − 1), since a slope fitted over a ×1.05 growth says nothing about a "
+             "doubling (there it is mostly a later-turn effect)",
+             "– = no trajectory of the cell has two turns at different contexts (e.g. a single-turn task: there "
+             "context differs only between samples, which a within-trajectory estimate rightly does not read as a "
+             "context effect)"]
+    return Table("context_effect", "Context effect within trajectories (trajectory fixed effects)",
+                 ["Task", "Method", "trajectories", "turns", "slope log speedup", "speedup change", "slope τ",
+                  "share of turns > 1×", "context span ×"], rows, notes,
+                 effect[effects.EFFECT_COLUMNS + ["n_turns_all", "context_span"]])
+
+
+def _change(slope: float, span: float) -> str | None:
+    """'+41% per doubling', or '+64% over ×1.05' where the trajectories' contexts grew less than ~2×."""
+    if slope is None or not math.isfinite(slope):
+        return None
+    factor = 2.0 if not math.isfinite(span) or span >= 1.9 else span
+    change = effects.change_over(slope, factor)
+    return f"{change:+.0%} per doubling" if factor == 2.0 else f"{change:+.0%} over ×{span:.2f}"
+
+
+# ---- the DLite paper's telemetry table -----------------------------------------------------------------------------
+def telemetry_table(table: pd.DataFrame) -> Table | None:
+    if table.empty:
+        return None
+    rows = [[Cell(r.task), Cell(r.method), Cell(r.aux_memory_bytes, unit="bytes"), Cell(r.tau), Cell(r.acc_pos1),
+             Cell(r.acc_pos3), Cell(r.acc_pos5), Cell(r.ttft_ms, digits=1), Cell(r.itl_p50_ms, digits=1),
+             Cell(r.itl_p95_ms, digits=1), Cell(r.turn_latency_ms, digits=0), Cell(r.speedup),
+             Cell(f"{int(r.n_trajectories)} / {int(r.n_turns)}")] for r in table.itertuples(index=False)]
+    notes = telemetry.TELEMETRY_CONVENTIONS + ["n = trajectories / decoded turns of the cell; no intervals here "
+                                               "(they are in Table 1 and the summary)"]
+    return Table("telemetry", "Telemetry per task and method (the DLite paper's table, on these runs)",
+                 ["Task", "Method", "aux memory", "τ", "acc@1", "acc@3", "acc@5", "TTFT ms", "ITL P50 ms",
+                  "ITL P95 ms", "turn latency ms", "speedup", "n"], rows, notes,
+                 table[telemetry.TELEMETRY_COLUMNS + ["n_trajectories", "n_turns"]])
 
 
 # ---- τ per-turn macro ------------------------------------------------------------------------------------------
@@ -402,28 +487,91 @@ def results_table(summary: pd.DataFrame) -> Table:
     return Table("all_results", "All results: every method × task, with counts", header, rows, notes, summary)
 
 
-# ---- per-position acceptance -----------------------------------------------------------------------------------
-def position_table(steps: pd.DataFrame, methods: list[str]) -> Table | None:
-    methods = [m for m in _drafting_methods(methods) if (steps[steps.method == m].num_drafted > 0).any()]
-    if not methods:
+def repository_table(steps: pd.DataFrame, turns: pd.DataFrame) -> Table | None:
+    """τ and paired speedup per repository, for tasks whose samples name one (SWE-Bench: TurnRecord.repo)."""
+    if "repo" not in turns.columns or not (turns.repo.fillna("") != "").any():
         return None
-    k = int(steps[steps.method.isin(methods)].num_drafted.max())
     rows, records = [], []
-    for method in methods:
-        table = metrics.per_position(steps[steps.method == method], max_position=k)
-        rows.append([Cell(method)] +
-                    [Cell(v, digits=2, count=int(n)) if n else Cell(None) for v, n in zip(table.conditional,
-                                                                                        table.reached)] +
-                    [Cell(v, digits=2, count=int(n)) if n else Cell(None) for v, n in zip(table.marginal,
-                                                                                        table.drafted)])
-        records += [{"method": method, **row} for row in table.to_dict("records")]
-    positions = [str(j) for j in range(1, k + 1)]
-    notes = [conventions.POSITION, "steps pooled over every task in this report",
-             "n = the steps behind each rate (conditional: steps that reached position j; marginal: steps that "
-             "drafted at least j tokens); – = a position never reached, so it has no rate (not 0)",
-             "the CSV holds the counts behind each rate (drafted, reached, accepted)"]
-    return Table("per_position", "Per-position acceptance", ["Method", *positions, *positions], rows, notes,
-                 pd.DataFrame(records), groups=[("", 1), ("conditional", k), ("marginal", k)])
+    for (task, repo, method), cell in turns[turns.repo.fillna("") != ""].groupby(["task", "repo", "method"],
+                                                                                 sort=True):
+        if method == BASELINE:
+            continue
+        keys = set(zip(cell.run, cell.sample_id))
+        cell_steps = steps[(steps.task == task) & (steps.method == method) &
+                           pd.Series([k in keys for k in zip(steps.run, steps.sample_id)], index=steps.index)]
+        record = {"task": task, "repo": repo, "method": method, "n_trajectories": cell.sample_id.nunique(),
+                  "n_turns": len(metrics.decoded(cell)), "tau": metrics.tau(cell_steps),
+                  "speedup": metrics.speedup(cell)}
+        records.append(record)
+        rows.append([Cell(task), Cell(repo), Cell(method), Cell(record["n_trajectories"]), Cell(record["n_turns"]),
+                     Cell(record["tau"]), Cell(record["speedup"])])
+    if not rows:
+        return None
+    notes = [conventions.TAU, conventions.SPEEDUP, "per repository of the SWE-Bench instance each trajectory "
+             "solves (turns.parquet `repo`); no interval: most repositories hold one or two trajectories"]
+    return Table("by_repository", "τ and speedup per repository", ["Task", "Repository", "Method", "trajectories",
+                 "turns", "τ", "speedup"], rows, notes, pd.DataFrame(records))
+
+
+# ---- per-position acceptance and draft lengths -------------------------------------------------------------------
+def position_table(table: pd.DataFrame) -> Table | None:
+    """Per task × drafting method (all of the task's steps): marginal and conditional acceptance per position, each
+    rate with the steps behind it. `table` is `positions.position_table`; the CSV is all of it (terciles too)."""
+    whole = table[table.context_part == "all"] if len(table) else table
+    if whole.empty:
+        return None
+    k = int(whole.position.max())
+    rows = []
+    for (task, method), cell in whole.groupby(["task", "method"], sort=False):
+        cell = cell.set_index("position").reindex(range(1, k + 1))
+        row = [Cell(task), Cell(method), Cell(str(cell.kind.dropna().iloc[0]) if cell.kind.notna().any() else "")]
+        row += [Cell(v, count=int(n)) if n and n > 0 else Cell(None) for v, n in zip(cell.marginal, cell.room)]
+        row += [Cell(v, count=int(n)) if n and n > 0 else Cell(None) for v, n in zip(cell.conditional, cell.reached)]
+        rows.append(row)
+    positions_ = [str(j) for j in range(1, k + 1)]
+    notes = [conventions.POSITION, "per task; n = the steps behind each rate (marginal: steps with room for j "
+             "drafts; conditional: those that also reached j); – = a position never reached (no rate, not 0)",
+             "kind: " + positions.DRAFT_LENGTH_CONVENTION.split("; a method is ")[1],
+             "the CSV holds every count, per task and per context tercile (`context_part`)"]
+    return Table("per_position", "Per-position acceptance per task", ["Task", "Method", "kind", *positions_,
+                 *positions_], rows, notes, table,
+                 groups=[("", 3), ("marginal", k), ("conditional", k)])
+
+
+def position_tercile_table(table: pd.DataFrame) -> Table | None:
+    """Marginal acceptance per position in each context tercile of each task."""
+    parts = table[table.context_part != "all"] if len(table) else table
+    if parts.empty:
+        return None
+    k = int(parts.position.max())
+    rows = []
+    for (task, method, part), cell in parts.groupby(["task", "method", "context_part"], sort=False):
+        cell = cell.set_index("position").reindex(range(1, k + 1))
+        label = f"{part}: {int(cell.context_lo.dropna().iloc[0]):,}–{int(cell.context_hi.dropna().iloc[0]):,}"
+        rows.append([Cell(task), Cell(method), Cell(label)] +
+                    [Cell(v, count=int(n)) if n and n > 0 else Cell(None) for v, n in zip(cell.marginal, cell.room)])
+    notes = [positions.TERCILE_CONVENTION, "marginal as in the per-position table; n = steps with room for j"]
+    return Table("per_position_terciles", "Marginal per-position acceptance per context tercile",
+                 ["Task", "Method", "turn context (tokens)", *[str(j) for j in range(1, k + 1)]], rows, notes,
+                 parts, groups=[("", 3), ("marginal", k)])
+
+
+def draft_length_table(table: pd.DataFrame) -> Table | None:
+    """Mean drafted length per step and acceptance per drafted token, per task × method, whole task and per
+    tercile: the numbers that describe a variable-length drafter."""
+    if table.empty:
+        return None
+    rows = []
+    for r in table.itertuples(index=False):
+        label = "all" if r.context_part == "all" else f"{r.context_part}: {int(r.context_lo):,}–{int(r.context_hi):,}"
+        rows.append([Cell(r.task), Cell(r.method), Cell(r.kind), Cell(label), Cell(int(r.n_steps)),
+                     Cell(r.mean_drafted), Cell(r.accept_rate_per_drafted_token), Cell(r.share_full_room),
+                     Cell(r.tau)])
+    notes = [positions.DRAFT_LENGTH_CONVENTION, positions.TERCILE_CONVENTION,
+             "full room = share of steps that drafted all the room the budget allowed; τ over the same steps"]
+    return Table("draft_length", "Draft length and acceptance per drafted token, per task and context tercile",
+                 ["Task", "Method", "kind", "turn context", "steps", "mean drafted", "accepted / drafted",
+                  "full room", "τ"], rows, notes, table)
 
 
 # ---- cost ------------------------------------------------------------------------------------------------------
@@ -459,3 +607,46 @@ def human_bytes(value: float) -> str:
             return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
         value /= 1024
     return f"{value:.1f} GiB"
+
+
+# ---- degenerate turns --------------------------------------------------------------------------------------------
+def degenerate_turns_table(turns: pd.DataFrame) -> Table | None:
+    """Every flagged (task, sample, turn): which methods' replies were flagged and why."""
+    if "degenerate" not in turns.columns:
+        return None
+    flagged = turns[turns.degenerate.astype(bool)]
+    records = []
+    for (run, task, sample, turn), group in flagged.groupby(["run", "task", "sample_id", "turn"], sort=False):
+        every = set(group.method) == set(turns[(turns.task == task) & (turns.run == run)].method)
+        records.append({"task": task, "run": run, "sample_id": sample, "turn": int(turn),
+                        "context_len": int(group.context_len.iloc[0]),
+                        "methods": "every method" if every else ", ".join(sorted(group.method)),
+                        "reason": group.degenerate_reason.iloc[0]})
+    csv = pd.DataFrame(records, columns=["task", "run", "sample_id", "turn", "context_len", "methods", "reason"])
+    rows = [[Cell(r.task), Cell(r.sample_id), Cell(r.turn + 1), Cell(r.context_len), Cell(r.methods), Cell(r.reason)]
+            for r in csv.itertuples(index=False)]
+    notes = [conventions.DEGENERATE, "recorded per turn by the runner (turns.parquet `degenerate`, "
+             "`degenerate_reason`); for runs written before, computed here from the stored output ids",
+             "turn is 1-based here (0-based in the CSV and in turns.parquet)"]
+    if not rows:
+        notes.insert(0, "no turn is flagged")
+    return Table("degenerate_turns", "Degenerate turns (the target repeats itself)",
+                 ["Task", "Sample", "turn", "context", "flagged for", "evidence"], rows, notes, csv)
+
+
+def without_degenerate_table(table: pd.DataFrame) -> Table | None:
+    """Per task × drafting method: speedup and τ with every turn and without the flagged ones."""
+    if table.empty:
+        return None
+    rows = []
+    for r in table.itertuples(index=False):
+        rows.append([Cell(r.task), Cell(r.method), Cell(int(r.flagged_turns)),
+                     Cell(f"{int(r.n_turns)} → {int(r.n_turns_without)}"),
+                     Cell(r.speedup, r.speedup_lo, r.speedup_hi), Cell(r.verdict),
+                     Cell(r.speedup_without, r.speedup_without_lo, r.speedup_without_hi), Cell(r.verdict_without),
+                     Cell(r.tau), Cell(r.tau_without)])
+    notes = ["without = every turn flagged degenerate for any method left out for every method, so the pairs stay "
+             "the same turns", decisions.FASTER_CONVENTION, stats.CI_CONVENTION]
+    return Table("without_degenerate", "With and without degenerate turns",
+                 ["Task", "Method", "flagged turns", "paired turns", "speedup", "against ar", "speedup without",
+                  "against ar without", "τ", "τ without"], rows, notes, table)

@@ -175,6 +175,22 @@ def text_field(row: dict, key: str, where: str) -> str:
     return value
 
 
+def prompted(rows: list[Record], field: str, template: str, sample_id) -> list[tuple[str, str]]:
+    """(sample_id, prompt) per row: the row's `field` text put into `template` (a `{field}` placeholder);
+    `sample_id(index, row)` names the sample."""
+    return [(sample_id(index, row), template.format(**{field: text_field(row, field, where)}))
+            for index, (where, row) in enumerate(rows)]
+
+
+def first_turn(row: dict, where: str, raw_field: str) -> str:
+    """The prompt of a record in the DFlash/DLite evaluation format (`turns`: [prompt, …]); `raw_field` names the
+    raw dataset's field that the record lacks, for the error message."""
+    turns = row.get("turns")
+    if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or not turns[0].strip():
+        raise UserError(f"{where}: record needs '{raw_field}' (a raw row) or 'turns' [prompt]")
+    return turns[0]
+
+
 def single_turn_trajectories(items: Iterable[tuple[str, str]], options: LoadOptions,
                              meta: dict | None = None) -> list[Trajectory]:
     """(sample_id, prompt) pairs → one single-turn trajectory each, seeded subset applied."""

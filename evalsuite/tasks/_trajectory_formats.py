@@ -111,8 +111,10 @@ def _sample_id(instance_id, fallback: str) -> str:
 def _mini_swe_agent(record: dict, where: str, name: str) -> Trajectory:
     info = record.get("info") or {}
     instance = record.get("instance_id") or name
+    model = ((info.get("config") or {}).get("model") or {}).get("model_name")  # who wrote the logged replies
     return conversation_trajectory(_sample_id(instance, name), record["messages"], where, trailing_turn=False,
-                                   meta=_meta("mini-swe-agent", instance, exit_status=info.get("exit_status")))
+                                   meta=_meta("mini-swe-agent", instance, exit_status=info.get("exit_status"),
+                                              model=model))
 
 
 def _swe_agent(record: dict, where: str, name: str) -> Trajectory:

@@ -7,7 +7,7 @@ instructions (`--subset alpaca_eval`). `--data-path hub` loads tatsu-lab/alpaca 
 from __future__ import annotations
 
 from evalsuite.errors import UserError
-from evalsuite.tasks._source import HubSpec, read_records, single_turn_trajectories, task_rows, text_field
+from evalsuite.tasks._source import HubSpec, first_turn, read_records, single_turn_trajectories, task_rows, text_field
 from evalsuite.tasks.base import DATA_DIR, LoadOptions, Trajectory, register_task
 
 HUB = HubSpec("tatsu-lab/alpaca", split="train")
@@ -39,9 +39,6 @@ def load(options: LoadOptions) -> list[Trajectory]:
         if "instruction" in row:
             prompt = format_prompt(text_field(row, "instruction", where), row.get("input"))
         else:
-            turns = row.get("turns")
-            if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or not turns[0].strip():
-                raise UserError(f"{where}: record needs 'instruction' or 'turns' [instruction]")
-            prompt = turns[0]
+            prompt = first_turn(row, where, "instruction")
         items.append((f"alpaca-{row.get('question_id', index)}", prompt))
     return single_turn_trajectories(items, options)

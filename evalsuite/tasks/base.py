@@ -94,6 +94,35 @@ def get_task(name: str) -> TaskInfo:
     return TASKS[name]
 
 
+def replay_source(trajectories: list[Trajectory], replay: str) -> str:
+    """Where the replies in each turn's context come from, in words (run.json's `replay_source`): under `logged`, the
+    authors named by the trajectories' `meta["logged_by"]` or `meta["model"]` (e.g. "logged replies of
+    google/gemini-3-pro-preview (mini-swe-agent)"), else "logged replies from the task data"; under `closed`, the
+    executed loop; otherwise the method's own replies."""
+    if not any(len(t.turns) > 1 for t in trajectories):
+        return "single-turn samples: no earlier replies in any context"
+    if replay == "closed":
+        return "closed loop: the model's own calls, executed, and their results"
+    if replay != "logged":
+        return "each method's own earlier replies"
+
+    def author(t: Trajectory) -> str | None:
+        if t.meta.get("logged_by"):
+            return str(t.meta["logged_by"])
+        if t.meta.get("model"):
+            return f"{t.meta['model']} ({t.meta['format']})" if t.meta.get("format") else str(t.meta["model"])
+        return None
+
+    logged = [t for t in trajectories if t.has_logged_replies]
+    authors = list(dict.fromkeys(a for a in map(author, logged) if a))
+    text = "logged replies of " + "; ".join(authors) if authors else "logged replies from the task data"
+    if authors and any(author(t) is None for t in logged):
+        text += " (and of unnamed authors in some samples)"
+    if any(not t.has_logged_replies and len(t.turns) > 1 for t in trajectories):
+        text += "; samples without logged replies continue with the method's own"
+    return text
+
+
 def seeded_subset(items: list, limit: int | None, seed: int) -> list:
     """Deterministic subset: shuffle a copy with random.Random(seed) (as the DLite/z-lab scripts do), take `limit`."""
     if limit is None or limit >= len(items):

@@ -157,6 +157,7 @@ def load(options: LoadOptions) -> list[Trajectory]:
                                         for c in calls]}
             turns.append(Turn(new_messages=[dict(m) for m in messages], logged_reply=reply))
         meta = {"involved_classes": classes, "initial_config": row.get("initial_config") or {},
-                "function_docs": docs, "long_context": "long_context" in sample_id}
+                "function_docs": docs, "long_context": "long_context" in sample_id,
+                "logged_by": "BFCL's ground-truth calls (possible_answer)"}
         trajectories.append(Trajectory(sample_id, turns, tools=[bfcl_tool(d) for d in docs], meta=meta))
     return seeded_subset(trajectories, options.limit, options.seed)

@@ -1,13 +1,12 @@
 """LiveCodeBench code generation (release_v6, 1,055 problems): single turn in the official LCB prompt format.
 
 The bundled file is DeepSpec's prompt set, already formatted; raw HF rows (`question_content`, `starter_code`)
-are formatted here with the same template, which DFlash and DLite use (methods.md §3.4).
+are formatted here with the same template, which DFlash and DLite use (docs/methods.md §3.4).
 """
 
 from __future__ import annotations
 
-from evalsuite.errors import UserError
-from evalsuite.tasks._source import HubSpec, single_turn_trajectories, task_rows, text_field
+from evalsuite.tasks._source import HubSpec, first_turn, single_turn_trajectories, task_rows, text_field
 from evalsuite.tasks.base import DATA_DIR, LoadOptions, Trajectory, register_task
 
 SYSTEM_TEXT = ("You are an expert Python programmer. You will be given a question (problem specification) and will "
@@ -40,9 +39,6 @@ def load(options: LoadOptions) -> list[Trajectory]:
         if "question_content" in row:
             prompt = format_prompt(text_field(row, "question_content", where), row.get("starter_code"))
         else:
-            turns = row.get("turns")
-            if not isinstance(turns, list) or len(turns) != 1 or not isinstance(turns[0], str) or not turns[0].strip():
-                raise UserError(f"{where}: record needs 'question_content' (raw LCB row) or 'turns' [prompt]")
-            prompt = turns[0]
+            prompt = first_turn(row, where, "question_content")
         items.append((f"livecodebench-{row.get('question_id') or index}", prompt))
     return single_turn_trajectories(items, options)

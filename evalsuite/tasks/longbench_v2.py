@@ -1,4 +1,4 @@
-"""LongBench v2: one long turn, `{context}\\n\\nQuestion: {question}` as DLite's benchmark sends it (methods.md §1.3).
+"""LongBench v2: one long turn, `{context}\\n\\nQuestion: {question}` as DLite's benchmark sends it (docs/methods.md §1.3).
 
 `--subset` picks a domain by the names of DLite's five shards (single_document_qa, multi_document_qa,
 long_dialogue, in_context_learning, code_repo) or structured_data (the sixth domain, not in DLite's runs).

@@ -8,7 +8,7 @@ one turn. docs/swebench.md describes the settings and what each measures.
   function-calling demo, OpenAI tool calls with `tool` observations);
 - `lite` | `verified` | `full`: SWE-bench instance rows, read with the `swebench` package's
   `load_swebench_dataset`, as one turn in the DFlash format
-  `Problem Statement:\\n{problem_statement}\\nPlease fix the issue described above.` (methods.md §3.4). `lite`
+  `Problem Statement:\\n{problem_statement}\\nPlease fix the issue described above.` (docs/methods.md §3.4). `lite`
   without `--data-path` is the 150 bundled Lite test rows; `verified` and `full` come from the hub (or
   `--data-path` FILE/DIR);
 - `oracle` | `bm25-13k`: the papers' single-turn prompt sets (princeton-nlp/SWE-bench_oracle, SWE-bench_bm25_13K:

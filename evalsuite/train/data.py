@@ -37,7 +37,7 @@ SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
 NGRAM = 13
 MIN_HELDOUT_WORDS = 6
 TEMPLATE_MIN_SAMPLES = 3
-# The prompt format the GSM8K/MATH evaluations use (methods.md §3.4). Math-like training prompts get it too, so
+# The prompt format the GSM8K/MATH evaluations use (docs/methods.md §3.4). Math-like training prompts get it too, so
 # the drafters see the target's answer style for that format; this is a format, not an evaluation sample.
 MATH_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 _ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant",

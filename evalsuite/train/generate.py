@@ -4,7 +4,7 @@ Why regenerate instead of one teacher-forced pass over the logged ShareGPT repli
 accepted exactly when it predicts the target's own greedy continuation *on text the target wrote itself*.
 Logged GPT replies are another model's text, so their contexts (and the target features on them) differ from
 what the drafter sees at evaluation. DLite, DSpark and EAGLE-3 all train on target-regenerated data for the same
-reason (methods.md §1.1, §4.3). The teacher-forced feature pass (features.py) then adds, at every position, the
+reason (docs/methods.md §1.1, §4.3). The teacher-forced feature pass (features.py) then adds, at every position, the
 target's greedy token and its hidden states on exactly these sequences.
 
 Batched `generate` with left padding is ~10x faster per token than batch 1 on CPU; the file is appended batch by

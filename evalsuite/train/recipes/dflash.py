@@ -1,4 +1,4 @@
-"""DFlash (z-lab layout): position-weighted CE over random anchor blocks (methods.md §3.3, DSpark paper's
+"""DFlash (z-lab layout): position-weighted CE over random anchor blocks (docs/methods.md §3.3, DSpark paper's
 description of DFlash training; DeepSpec's DFlash config: CE only, γ = 4).
 
 Per sampled anchor a (a reply token) the block is [x_a, MASK × (B-1)] at absolute positions a … a+B-1, seeing

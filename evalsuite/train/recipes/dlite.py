@@ -1,4 +1,4 @@
-"""DLite: the two-stage recipe of the DLite training repo (methods.md §1.1), on `evalsuite.methods.dlite` modules.
+"""DLite: the two-stage recipe of the DLite training repo (docs/methods.md §1.1), on `evalsuite.methods.dlite` modules.
 
 Stage 1, teacher: a history-aware isomorphic teacher — the same backbone and RNN head as the student — whose
 context is a sliding window of W fused history features fuse(t) = RMSNorm(Linear([h_first; h_mid; h_last]))

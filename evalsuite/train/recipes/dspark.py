@@ -1,5 +1,5 @@
 """DSpark (DeepSpec `Qwen3DSparkModel`): 0.1·CE + 0.9·‖p_d − p_t‖₁ + 1.0·BCE(confidence), position-weighted
-exp(-j/γ) for slots j = 0 … B-1 (γ = 4), with the vanilla Markov head (methods.md §4.3, DeepSpec `loss.py`).
+exp(-j/γ) for slots j = 0 … B-1 (γ = 4), with the vanilla Markov head (docs/methods.md §4.3, DeepSpec `loss.py`).
 
 The DFlash backbone over the fused context rows 0 … a-1; block [x_a, MASK × (B-1)] at positions a … a+B-1;
 *every* slot j predicts the token at a+j+1 with logits lm_head(h_j) + markov_w2(markov_w1[x_{a+j}]) (the

@@ -1,5 +1,5 @@
 """EAGLE-3 (SpecForge `LlamaForCausalLMEagle3` format, reduced draft vocabulary): training-time test unrolled
-over 7 steps (methods.md §2; SpecForge `docs/concepts/EAGLE3.md`, DeepSpec `ttt_length 7`,
+over 7 steps (docs/methods.md §2; SpecForge `docs/concepts/EAGLE3.md`, DeepSpec `ttt_length 7`,
 `step_loss_decay 0.8`).
 
 Step 0 pairs the fused target feature of position i with the data token i+1 at position i (one draft-cache

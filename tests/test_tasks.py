@@ -461,3 +461,15 @@ def test_templates_with_tool_support_get_the_messages_unchanged():
                 {"role": "tool", "content": "r"}]
     tools = [{"type": "function", "function": {"name": "f"}}]
     assert fit_to_template(messages, tools, template) == (messages, tools)
+
+
+def test_replay_source_names_who_wrote_the_logged_replies():
+    from evalsuite.tasks.base import replay_source
+
+    swe = load("swebench")[:3]
+    assert {t.meta["model"] for t in swe} == {"google/gemini-3-pro-preview"}
+    assert replay_source(swe, "logged") == "logged replies of google/gemini-3-pro-preview (mini-swe-agent)"
+    assert replay_source(swe, "free") == "each method's own earlier replies"
+    bfcl = load("bfcl-v3")[:3]
+    assert replay_source(bfcl, "logged").startswith("logged replies of BFCL's ground-truth calls")
+    assert replay_source(load("gsm8k")[:3], "free") == "single-turn samples: no earlier replies in any context"
