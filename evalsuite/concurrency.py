@@ -3,8 +3,8 @@ and speedup against vLLM's own `ar` at each level.
 
 It is a mode of the one pipeline, not a second runner: `runner.Runner.load` prepares everything exactly as for
 `evalsuite run --engine vllm` (the task's trajectories, the replay mode and context policy, the chat template, one
-vLLM engine per method with prefix caching), and each turn's context comes from the same `replay.MethodReplay`.
-What differs is only the schedule and what is recorded: instead of one turn at a time, `level` trajectories are in
+vLLM engine per method with prefix caching), and each turn's context comes from the runner's own replay
+(`Runner._replays`: replay mode, context policy, closed loop). What differs is only the schedule and what is recorded: instead of one turn at a time, `level` trajectories are in
 flight at once. A trajectory's next turn is submitted when its previous turn finishes (its history then holds that
 reply, or the logged one, as the replay mode says), and a new trajectory is admitted when one ends, so each vLLM
 engine batches up to `level` requests continuously. The same trajectories, turns and seeds run for every
@@ -124,8 +124,7 @@ def sweep(runner: Runner, method: str, level: int, warm_only: list[int] | None =
         while len({i for i, _ in active.values()}) < level and queue:
             index = queue.pop(0)
             trajectory = runner.trajectories[index]
-            replays[index] = MethodReplay(trajectory, runner.replay, runner.policy, runner._render(trajectory),
-                                          cfg.max_turns)
+            replays[index] = runner._replays(trajectory, (method,))[method]  # the run's own replay of it
             submit_turn(index, 0)
 
     if not worker.reset_prefix_cache():  # the same prompts ran at the previous level: start every level cold
