@@ -4,12 +4,14 @@ and speedup against vLLM's own `ar` at each level.
 It is a mode of the one pipeline, not a second runner: `runner.Runner.load` prepares everything exactly as for
 `evalsuite run --engine vllm` (the task's trajectories, the replay mode and context policy, the chat template, one
 vLLM engine per method with prefix caching), and each turn's context comes from the runner's own replay
-(`Runner._replays`: replay mode, context policy, closed loop). What differs is only the schedule and what is recorded: instead of one turn at a time, `level` trajectories are in
-flight at once. A trajectory's next turn is submitted when its previous turn finishes (its history then holds that
-reply, or the logged one, as the replay mode says), and a new trajectory is admitted when one ends, so each vLLM
-engine batches up to `level` requests continuously. The same trajectories, turns and seeds run for every
-(method, level), each starting with an empty prefix cache (a level must not find the previous level's prompts
-cached; within a measurement the cache works as in serving, across a trajectory's turns). The result is one table, `concurrency.csv`, one row per (method, level), and a run.json.
+(`Runner._replays`: replay mode, context policy, closed loop). What differs is only the schedule and what is
+recorded: instead of one turn at a time, `level` trajectories are in flight at once. A trajectory's next turn is
+submitted when its previous turn finishes (its history then holds that reply, or the logged one, as the replay mode
+says), and a new trajectory is admitted when one ends, so each vLLM engine batches up to `level` requests
+continuously. The same trajectories, turns and seeds run for every (method, level), each starting with an empty
+prefix cache (a level must not find the previous level's prompts cached; within a measurement the cache works as in
+serving, across a trajectory's turns). The result is one table, `concurrency.csv`, one row per (method, level), and
+a run.json.
 
 Per row: output tokens and the wall time from the first request to the last (`throughput_tok_s`; the drain at
 the end, when fewer than `level` trajectories are left, is included); per request the mean inter-token latency
