@@ -501,7 +501,7 @@ def regime(
     k: Optional[int] = typer.Option(None, "--k", help="Draft length for τ* (default: the profile's k)."),
 ):
     """Break-even τ, projected speedup, the largest batch that pays, memory-limited streams, validation."""
-    from evalsuite.report.regime import validation_summary, write_regime
+    from evalsuite.report.regime import LEFT_OUT, validation_summary, write_regime
 
     result = write_regime(cost, list(run_dirs), out_dir, k)
     for note in result.notes:
@@ -516,6 +516,7 @@ def regime(
                           row.rel_error else "-", str(row.turns))
         out.print(table)
         console.print(validation_summary(result.validation), highlight=False)
+        console.print(f"left out of the projection: {LEFT_OUT}", highlight=False, soft_wrap=True)
     console.print(f"{len(result.files)} files in {out_dir}; see {out_dir / 'regime.md'}", highlight=False)
 
 
