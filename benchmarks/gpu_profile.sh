@@ -3,7 +3,7 @@
 # 1k–128k × verify blocks 1–8 (K=7), the four learned drafters (DLite, EAGLE-3, DFlash, DSpark: random-init,
 # default sizes) at every batch and context (batched drafting), then the break-even map (evalsuite regime).
 # Points that do not fit in the GPU's memory are estimated first, skipped and recorded. It stops starting new
-# points after TIME_LIMIT seconds (420 by default) and writes its tables context by context, so it ends within
+# points after TIME_LIMIT seconds (400 by default) and writes its tables context by context, so it ends within
 # 8 minutes on one H200 and a cut-off run keeps what it measured.
 #
 # Usage, from the repository root on the GPU machine:
@@ -41,7 +41,7 @@ DTYPE=${DTYPE:-bfloat16}
 BATCH=${BATCH:-1..64}
 CONTEXTS=${CONTEXTS:-1k..128k}
 METHODS=${METHODS:-dlite,eagle3,dflash,dspark}
-TIME_LIMIT=${TIME_LIMIT:-420}
+TIME_LIMIT=${TIME_LIMIT:-400}
 RESULTS=${1:-benchmarks/results/gpu_profile}
 mkdir -p "$RESULTS"
 
