@@ -493,7 +493,7 @@ class Sweep:
             times["peak"] = peak_bytes(device)
             return times
         finally:
-            del cache
+            cache = None  # the K/V buffers go before the next point is allocated
             release(device)
 
     # -- the drafters --
