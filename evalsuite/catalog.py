@@ -39,7 +39,8 @@ class MethodSpec:
     summary: str
     needs_checkpoint: bool = False  # a learned method: loads a drafter (`--drafter`) or the shipped default
     options: dict[str, Option] = field(default_factory=dict)
-    learns_across_turns: bool = False  # keeps what earlier replies taught it, so a repeated turn is different work
+    learns_across_turns: bool = False  # keeps what earlier replies taught it (across turns, in one process)
+    repeatable: bool = True  # a turn decoded again does the same work (a learning method can forget the turn)
     not_in_vllm: str = ""  # why `--engine vllm` cannot run it ("" = vLLM runs it)
 
     @property
@@ -84,7 +85,7 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in [
                    "max_cached_requests": Option(int, "replies kept in the global tree (-1 = all)",
                                                  lambda v: v != 0, "0 would switch the global tree off; use -1 "
                                                  "for no limit")},
-               learns_across_turns=True),
+               learns_across_turns=True),  # and forgets a repeated turn's reply (rewind_turn)
     MethodSpec("dlite", "dlite", "DLite: history-free block drafter (last token's multi-layer features, RNN head, no "
                "KV cache)", True, {"anchor_group_size": Option(int, "random init: anchors per group G (1)", _positive,
                                                                 "must be >= 1"), "seed": SEED},

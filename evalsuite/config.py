@@ -163,7 +163,7 @@ class RunConfig:
             parsed[name] = method_spec(name).parse_options(raw)
         self.method_options = parsed
         if self.repeats > 1:
-            learning = [m for m in self.methods if METHODS[m].learns_across_turns]
+            learning = [m for m in self.methods if not METHODS[m].repeatable]
             if learning:
                 raise UserError(f"--repeats {self.repeats}: method {learning[0]} learns from every reply it sees, so "
                                 "a repeated turn would not repeat the same work; use --repeats 1")

@@ -128,7 +128,9 @@ class HfEngine(Engine):
         prefill_tokens = self.prefix.prefill(ids)
         prefill_s = self.clock.seconds(start, self.clock.mark())
         results = []
-        for _ in range(self.config.repeats):
+        for repeat in range(self.config.repeats):
+            if repeat:
+                self.methods[method].rewind_turn()  # a method that learns from its replies forgets this one
             results.append(self._loop(self.methods[method], self.prefix, ids, self.config.max_new_tokens,
                                       torch.Generator().manual_seed(seed), on_step))
             self.prefix.rewind()

@@ -78,6 +78,11 @@ class Method:
     def state_bytes(self) -> DraftState:
         return DraftState()
 
+    def rewind_turn(self) -> None:
+        """Forget what the turn just decoded taught this method, so that decoding it again (`--repeats`) does the
+        same work; the engine calls it before every repeat after the first. Only methods that learn from their own
+        replies (suffix's global tree) have anything to forget."""
+
     def reset(self) -> None:
         """Forget what earlier turns left behind (the runner calls it after its untimed warm-up). Only drafters
         that learn across turns (suffix's global tree) keep such state."""

@@ -71,6 +71,13 @@ class SuffixMethod(Method):
         self.cache.add_active_response(self.request, np.ascontiguousarray(ids[-1:]))  # the anchor: first reply token
         self.tail = ids[-self.max_depth:].tolist()
 
+    def rewind_turn(self) -> None:
+        """A repeat of the turn: its reply leaves the global tree (`evict_cached_response`), as if never seen."""
+        if self.request is not None:
+            self.cache.stop_request(self.request)
+            self.cache.evict_cached_response(self.request)
+            self.request = None
+
     def commit(self, new_ids: torch.Tensor, new_features: torch.Tensor | None) -> None:
         tokens = new_ids.detach().to("cpu", torch.int32).numpy()
         self.cache.add_active_response(self.request, np.ascontiguousarray(tokens))
