@@ -364,3 +364,14 @@ def steps_with_tau(method: str, sample: str, turn: int, context: int, tau: float
     n_high = int(round((target - low) * n_steps))
     values = [min(low + 1, k)] * n_high + [low] * (n_steps - n_high)
     return [step_row(method, sample, turn, i, context + i, k, a, **kw) for i, a in enumerate(values)]
+
+
+def vllm_python() -> str | None:
+    """The python that runs vLLM here (scripts/setup_vllm.sh), or None: the vLLM tests skip without it."""
+    from evalsuite.engines import vllm_engine
+    from evalsuite.errors import UserError
+
+    try:
+        return vllm_engine.find_vllm_python()
+    except UserError:
+        return None

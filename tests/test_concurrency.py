@@ -12,22 +12,14 @@ from typer.testing import CliRunner
 
 from evalsuite.cli import app
 from evalsuite.concurrency import measures, with_speedups
-from evalsuite.engines import vllm_engine
-from evalsuite.errors import UserError
 from evalsuite.testing import build_tiny_target
+from tests.helpers import vllm_python
 
 cli = CliRunner()
 
 
-def _vllm_python():
-    try:
-        return vllm_engine.find_vllm_python()
-    except UserError:
-        return None
-
-
 @pytest.mark.vllm
-@pytest.mark.skipif(_vllm_python() is None, reason="vLLM venv not set up (scripts/setup_vllm.sh)")
+@pytest.mark.skipif(vllm_python() is None, reason="vLLM venv not set up (scripts/setup_vllm.sh)")
 def test_concurrency_sweep_writes_one_row_per_method_and_level(tmp_path):
     # head_dim 64: vLLM's CPU attention does not take the smallest tiny targets' head_dim 16
     target = build_tiny_target(tmp_path / "tiny", arch="qwen3", layers=2, hidden_size=256, heads=4, kv_heads=2,

@@ -11,7 +11,6 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from evalsuite.engines.loop import decode_turn
 from evalsuite.errors import UserError
 from evalsuite.methods.ar import AutoregressiveMethod
 from evalsuite.methods.base import Sampling
@@ -20,7 +19,7 @@ from evalsuite.methods.eagle3 import DEEPSPEC, SPECFORGE, DraftKVCache, Eagle3Me
 from evalsuite.engines.hf import PrefixCache
 from evalsuite.target import TargetModel
 from evalsuite.testing import build_tiny_target
-from evalsuite.timing import DeviceClock
+from tests import helpers
 
 LAYERS = 8  # deep enough for distinct default layer ids: SpecForge [1, 3, 4], DeepSpec spread [1, 2, 3, 4, 5]
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 64, 4, 2, 16, 96
@@ -124,12 +123,7 @@ def target_dir(target: TargetModel) -> Path:
 
 
 def decode(target, drafter, prompt, max_new=48, k=5, sampling=Sampling(), seed=0):
-    prefix = PrefixCache(target, drafter.feature_layers)
-    prefix.prefill(prompt)
-    context = torch.tensor(prompt, dtype=torch.long)
-    return decode_turn(target, drafter, prefix.cache, context, prefix.features_for(drafter.feature_layers),
-                       prefix.last_logits, k, sampling, max_new, torch.Generator().manual_seed(seed),
-                       DeviceClock(target.device))
+    return helpers.decode(target, drafter, prompt, max_new, k, sampling, seed)
 
 
 PROMPT = [1, 40, 41, 42, 43, 40, 41, 42, 100, 7, 7, 7, 9, 100, 7] + list(range(50, 80))

@@ -11,24 +11,15 @@ import pytest
 from typer.testing import CliRunner
 
 from evalsuite.cli import app
-from evalsuite.engines import vllm_engine
 from evalsuite.compare import compare_turns, divergence_margins
-from evalsuite.errors import UserError
 from evalsuite.records import STEP_SCHEMA, TURN_SCHEMA
-from tests.helpers import load_steps, load_turns
+from tests.helpers import load_steps, load_turns, vllm_python
 
 pytestmark = pytest.mark.vllm
 cli = CliRunner()
 
 
-def _vllm_python():
-    try:
-        return vllm_engine.find_vllm_python()
-    except UserError:
-        return None
-
-
-requires_vllm = pytest.mark.skipif(_vllm_python() is None, reason="vLLM venv not set up (scripts/setup_vllm.sh)")
+requires_vllm = pytest.mark.skipif(vllm_python() is None, reason="vLLM venv not set up (scripts/setup_vllm.sh)")
 
 CASES = {"gsm8k": ["--task", "gsm8k", "--limit", "2"],
          "swebench": ["--task", "swebench", "--limit", "1", "--max-turns", "3"]}

@@ -23,7 +23,6 @@ seen and never shrinks unless `max_cached_requests` evicts old replies.
 
 from __future__ import annotations
 
-import itertools
 
 import numpy as np
 import torch
@@ -58,29 +57,39 @@ class SuffixMethod(Method):
 
     def reset(self) -> None:
         self.cache = self._cache_class(max_tree_depth=self.max_depth, max_cached_requests=self.max_cached_requests)
-        self._request_ids = itertools.count()
+        self._next_request = 0
         self.request: int | None = None
         self.tail: list[int] = []  # the newest max_depth tokens of the context, anchor last
+        self._calls: list[tuple] = []  # every call that changed the trees since the reset, in order (rewind_turn)
+        self._turn_start = (0, 0, None, [])  # (calls, next request id, request, tail) when the current turn started
+
+    def _call(self, name: str, *args) -> None:
+        self._calls.append((name, *args))
+        getattr(self.cache, name)(*args)
 
     def start_turn(self, ids: torch.Tensor, features: torch.Tensor | None) -> None:
+        self._turn_start = (len(self._calls), self._next_request, self.request, list(self.tail))
         if self.request is not None:
-            self.cache.stop_request(self.request)
+            self._call("stop_request", self.request)
         ids = ids.detach().to("cpu", torch.int32).numpy()
-        self.request = next(self._request_ids)
-        self.cache.start_request(self.request, np.ascontiguousarray(ids[:-1]))  # the context (prompt)
-        self.cache.add_active_response(self.request, np.ascontiguousarray(ids[-1:]))  # the anchor: first reply token
+        self.request, self._next_request = self._next_request, self._next_request + 1
+        self._call("start_request", self.request, np.ascontiguousarray(ids[:-1]))  # the context (prompt)
+        self._call("add_active_response", self.request, np.ascontiguousarray(ids[-1:]))  # the anchor: first reply
         self.tail = ids[-self.max_depth:].tolist()
 
     def rewind_turn(self) -> None:
-        """A repeat of the turn: its reply leaves the global tree (`evict_cached_response`), as if never seen."""
-        if self.request is not None:
-            self.cache.stop_request(self.request)
-            self.cache.evict_cached_response(self.request)
-            self.request = None
+        """A repeat of the turn: the trees are rebuilt by replaying, into a fresh cache, every call made before the
+        turn started, so the repeat starts from exactly the state the first decode of the turn started from (the
+        library's own eviction leaves the trees shaped differently, and drafts can differ)."""
+        calls, self._next_request, self.request, self.tail = self._turn_start
+        self._calls = self._calls[:calls]
+        self.cache = self._cache_class(max_tree_depth=self.max_depth, max_cached_requests=self.max_cached_requests)
+        for name, *args in self._calls:
+            getattr(self.cache, name)(*args)
 
     def commit(self, new_ids: torch.Tensor, new_features: torch.Tensor | None) -> None:
         tokens = new_ids.detach().to("cpu", torch.int32).numpy()
-        self.cache.add_active_response(self.request, np.ascontiguousarray(tokens))
+        self._call("add_active_response", self.request, np.ascontiguousarray(tokens))
         self.tail = (self.tail + tokens.tolist())[-self.max_depth:]
 
     def propose(self, k: int, sampling: Sampling, generator: torch.Generator | None) -> Proposal:

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The long-context study on the 32k target (--target qwen2.5-coder-0.5b; `bash scripts/setup.sh --qwen-coder`):
+# SWE-Bench agent trajectories replayed through their logged replies up to 32k tokens, decoded only at context
+# points (--context-points), all seven methods with the drafters shipped for this target, then `evalsuite report`.
+# Run it on an otherwise idle machine (timings are measured); it resumes where it stopped (--resume).
+#
+#   bash benchmarks/long_context_study.sh                       # into reports/qwen-coder-long-context/
+#   OUT=/tmp/lc STAGE=/tmp/lc-stage POINTS=2k,4k LIMIT_IDS=swebench-sympy__sympy-16766 REPEATS=1 NEW_TOKENS=8 \
+#     ALLOW_DIRTY=1 bash benchmarks/long_context_study.sh       # a smoke test of the same commands
+#
+# What it measures, per context point: τ, per-position acceptance, draft ms, draft state bytes and the paired
+# speedup of each method against `ar` (the within-trajectory context effect in the report), and first the target's
+# own costs against context: benchmarks/context_cost.py at 1k, 8k, 16k and 32k (decode, verify of 2/4/8 tokens,
+# the memory floor measured in the same run) into benchmarks/results/context_cost_qwen_coder.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${OUT:-reports/qwen-coder-long-context}
+STAGE=${STAGE:-results/long-context-study}        # results/ is git-ignored
+TARGET=${TARGET:-qwen2.5-coder-0.5b}
+METHODS=${METHODS:-ar,ngram,suffix,dlite,eagle3,dflash,dspark}
+POINTS=${POINTS:-2k,4k,8k,16k,24k,32k}
+# Bundled mini-swe-agent trajectories whose logged contexts pass 20k tokens with this target's tokenizer (chosen
+# across repositories; `python benchmarks/long_context_study.py --list` prints every trajectory's reach)
+LIMIT_IDS=${LIMIT_IDS:-}
+NEW_TOKENS=${NEW_TOKENS:-64}
+REPEATS=${REPEATS:-3}
+RESAMPLES=${RESAMPLES:-2000}
+EVALSUITE=${EVALSUITE:-evalsuite}
+PY=${PY:-.venv/bin/python}
+
+if [ -z "${ALLOW_DIRTY:-}" ] && [ -n "$(git status --porcelain --untracked-files=no)" ]; then
+  echo "long_context_study.sh: the working tree has uncommitted changes (the runs would record a +dirty commit);" \
+       "commit first, or ALLOW_DIRTY=1 for a preview" >&2
+  exit 2
+fi
+if [ -z "$LIMIT_IDS" ]; then
+  LIMIT_IDS=$("$PY" benchmarks/long_context_study.py --target "$TARGET" --min-tokens 20000 --count 5)
+fi
+mkdir -p "$STAGE/runs"
+if [ -z "${SKIP_COST:-}" ]; then
+  "$PY" benchmarks/context_cost.py --target "$TARGET" --contexts 1024,8192,16384,32000 --cache static \
+    --repeats 5 > benchmarks/results/context_cost_qwen_coder.txt
+fi
+$EVALSUITE run --target "$TARGET" --method "$METHODS" --task swebench --sample-ids "$LIMIT_IDS" \
+  --context-points "$POINTS" --max-new-tokens "$NEW_TOKENS" --repeats "$REPEATS" --seed 0 --resume \
+  --out "$STAGE/runs/swebench-points"
+rm -rf "$STAGE/tables" "$STAGE/figures" "$STAGE/index.html" "$STAGE/report.md"
+$EVALSUITE report "$STAGE/runs/swebench-points" --out "$STAGE" --resamples "$RESAMPLES"
+keep=""
+if [ -f "$OUT/README.md" ]; then keep=$(mktemp); cp "$OUT/README.md" "$keep"; fi
+rm -rf "$OUT"
+mkdir -p "$(dirname "$OUT")"
+cp -r "$STAGE" "$OUT"
+if [ -n "$keep" ]; then cp "$keep" "$OUT/README.md"; rm -f "$keep"; fi
+echo "long-context report in $OUT (open $OUT/index.html)"
