@@ -106,7 +106,7 @@ def build_zlab(target, options: dict, source: str | None) -> ZLabDFlashDrafter:
     block, mask, ids, num_target_layers = _zlab_settings(checkpoint.config, who)
     cfg = qwen3_config(checkpoint.config, who)
     check_fit(target, who, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size, layer_ids=ids,
-              num_target_layers=num_target_layers, mask_token_id=mask)
+              num_target_layers=num_target_layers, mask_token_id=mask, trained_for=checkpoint.trained_for)
     state = checkpoint.state_dict(target.device, target.dtype)
     model = materialize(lambda: FusedContextBackbone(cfg, len(ids)), target.device, target.dtype)
     load_weights(model, state, who)
@@ -119,7 +119,7 @@ def build_zlab(target, options: dict, source: str | None) -> ZLabDFlashDrafter:
 @register("dflash", "DFlash: parallel block drafter over a draft KV cache (z-lab b16 or DeepSpec block7 layout)",
           needs_checkpoint=True)
 def build(target, options: dict) -> Drafter:
-    source = drafter_source("dflash", options)
+    source = drafter_source("dflash", options, target)
     if source is None:
         layout = str(options.get("layout", "zlab"))
         if layout not in LAYOUTS:
