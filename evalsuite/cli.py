@@ -410,6 +410,8 @@ def train(
                                                     "agent contexts)."),
     min_prompt_tokens: int = typer.Option(0, help="Smallest context cut from an agent trajectory (estimated)."),
     max_per_trajectory: int = typer.Option(4, help="Most training contexts cut from one agent trajectory."),
+    max_trajectories: int = typer.Option(0, help="Cut agent contexts from only the first N trajectories of each "
+                                                 "source (0 = all): cuts of one trajectory share one feature pass."),
     max_seq_len: int = typer.Option(0, help="Feature cache: keep only the last N positions of each sequence (its "
                                             "reply whole), computed over the full context; 0 = whole sequences."),
     gen_batch: int = typer.Option(32, help="Prompts per batched generate call."),
@@ -452,7 +454,7 @@ def train(
         work_dir=work_dir, steps=steps, overrides=overrides,
         prompts=PromptOptions(num_prompts=num_prompts, seed=seed, extra_math_prompts=math_prompts,
                               min_context_tokens=min_prompt_tokens, max_context_tokens=max_prompt_tokens,
-                              max_per_trajectory=max_per_trajectory),
+                              max_per_trajectory=max_per_trajectory, max_trajectories=max_trajectories),
         max_seq_len=max_seq_len,
         generation=GenerationOptions(max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
                                      batch_size=gen_batch, agent_labels=agent_labels),
