@@ -53,18 +53,18 @@ load_steps() { if [ -f "$OUT/steps.env" ]; then . "$OUT/steps.env"; fi; }
 stage data $EVALSUITE train --method dlite --out "$OUT/dlite" --prepare-only --threads "$THREADS" "${DATA[@]}"
 # DLite single-stage (the recipe that measured better than two-stage at a CPU budget, baselines/drafters/README.md)
 load_steps
-stage dlite $EVALSUITE train --method dlite --out "$OUT/dlite" --steps "${DLITE_STEPS:-4500}" \
+stage dlite $EVALSUITE train --method dlite --out "$OUT/dlite" --steps "${DLITE_STEPS:-6000}" \
   --set single_stage=true --set layers=2 --set intermediate_size=128 --set rank=20 \
   --set batch_seqs=4 --set anchors_per_seq=16 --threads "$THREADS" "${DATA[@]}"
 load_steps
-stage eagle3 $EVALSUITE train --method eagle3 --out "$OUT/eagle3" --steps "${EAGLE3_STEPS:-1800}" \
+stage eagle3 $EVALSUITE train --method eagle3 --out "$OUT/eagle3" --steps "${EAGLE3_STEPS:-2400}" \
   --set intermediate_size=256 --set draft_vocab_size=2048 --set batch_seqs=1 --threads "$THREADS" "${DATA[@]}"
 load_steps
-stage dspark $EVALSUITE train --method dspark --out "$OUT/dspark" --steps "${DSPARK_STEPS:-4000}" \
+stage dspark $EVALSUITE train --method dspark --out "$OUT/dspark" --steps "${DSPARK_STEPS:-5000}" \
   --set layers=1 --set intermediate_size=384 --set markov_rank=2 --set train_vocab_top=8 \
   --set batch_seqs=4 --set anchors_per_seq=16 --threads "$THREADS" "${DATA[@]}"
 load_steps
-stage dflash $EVALSUITE train --method dflash --out "$OUT/dflash" --steps "${DFLASH_STEPS:-4400}" \
+stage dflash $EVALSUITE train --method dflash --out "$OUT/dflash" --steps "${DFLASH_STEPS:-5000}" \
   --set layers=1 --set intermediate_size=384 --set train_vocab_top=8 \
   --set batch_seqs=4 --set anchors_per_seq=16 --threads "$THREADS" "${DATA[@]}"
 echo "[$(date -u +%FT%TZ)] all four drafters trained in $OUT"
