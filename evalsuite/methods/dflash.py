@@ -106,7 +106,7 @@ def build_zlab(target, options: dict, source: str | None) -> ZLabDFlashMethod:
     block, mask, ids, num_target_layers = _zlab_settings(checkpoint.config, who)
     cfg = qwen3_config(checkpoint.config, who)
     check_fit(target, who, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size, layer_ids=ids,
-              num_target_layers=num_target_layers, mask_token_id=mask)
+              num_target_layers=num_target_layers, mask_token_id=mask, trained_for=checkpoint.trained_for)
     state = checkpoint.state_dict(target.device, target.dtype)
     model = materialize(lambda: FusedContextBackbone(cfg, len(ids)), target.device, target.dtype)
     load_weights(model, state, who)
@@ -117,7 +117,7 @@ def build_zlab(target, options: dict, source: str | None) -> ZLabDFlashMethod:
 
 
 def build(target, options: dict) -> Method:
-    source = drafter_source("dflash", options)
+    source = drafter_source("dflash", options, target)
     if source is None:
         layout = str(options.get("layout", "zlab"))
         if layout not in LAYOUTS:

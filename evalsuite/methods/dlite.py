@@ -237,7 +237,7 @@ def build_random(target, options: dict) -> DLiteMethod:
 
 
 def build(target, options: dict) -> Method:
-    source = drafter_source("dlite", options)
+    source = drafter_source("dlite", options, target)
     if source is None:
         return build_random(target, options)
     checkpoint = load_checkpoint(source, "dlite")
@@ -246,7 +246,7 @@ def build(target, options: dict) -> Method:
     cfg = qwen3_config(checkpoint.config, who)
     check_fit(target, who, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
               layer_ids=settings.target_layer_ids, num_target_layers=settings.num_target_layers,
-              mask_token_id=settings.mask_token_id)
+              mask_token_id=settings.mask_token_id, trained_for=checkpoint.trained_for)
     state = checkpoint.state_dict(target.device, target.dtype)
     model = materialize(lambda: DLiteModel(cfg, settings), target.device, target.dtype)
     load_weights(model, state, who)

@@ -220,7 +220,7 @@ def build_deepspec(target, options: dict, method: str, drafter_class: type[DeepS
     """Load a `Qwen3DSparkModel` checkpoint for `method` (or build the random-init default) and check its fit."""
     who = method
     threshold = float(options.get("confidence_threshold") or 0.0)  # checked by evalsuite.catalog
-    source = drafter_source(method, options)
+    source = drafter_source(method, options, target)
     if source is None:
         layout = random_layout(target)
         cfg = default_layer_config(target, DEFAULT_LAYERS)
@@ -233,7 +233,7 @@ def build_deepspec(target, options: dict, method: str, drafter_class: type[DeepS
         who = f"{method} drafter {source}"
         layout = DeepSpecLayout.from_config(checkpoint.config, who)
         cfg = qwen3_config(checkpoint.config, who)
-        _check_deepspec_fit(target, who, cfg, layout)
+        _check_deepspec_fit(target, who, cfg, layout, checkpoint.trained_for)
         state = checkpoint.state_dict(target.device, target.dtype)
         own_embed, own_head = "embed_tokens.weight" in state, "lm_head.weight" in state
         model = materialize(lambda: DeepSpecBlockModel(cfg, layout, own_embed, own_head), target.device,
@@ -246,10 +246,10 @@ def build_deepspec(target, options: dict, method: str, drafter_class: type[DeepS
     return drafter
 
 
-def _check_deepspec_fit(target, who: str, cfg, layout: DeepSpecLayout) -> None:
+def _check_deepspec_fit(target, who: str, cfg, layout: DeepSpecLayout, trained_for=None) -> None:
     check_fit(target, who, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
               layer_ids=layout.target_layer_ids, num_target_layers=layout.num_target_layers,
-              mask_token_id=layout.mask_token_id, allow_embedding_layer=True)
+              mask_token_id=layout.mask_token_id, allow_embedding_layer=True, trained_for=trained_for)
     # DeepSpec `assert_no_final_target_layer`: HF's last hidden state is post-norm, the training cache is not.
     require(target.num_layers - 1 not in layout.target_layer_ids, who,
             f"target_layer_ids include the final target layer {target.num_layers - 1}, which DeepSpec refuses")

@@ -447,7 +447,7 @@ def load_drafter(target, source: str) -> Eagle3Method:
     who = f"eagle3 drafter {source}"
     spec = spec_from_config(checkpoint.config, target.num_layers, who)
     check_fit(target, who, hidden_size=spec.target_hidden_size, vocab_size=spec.vocab_size,
-              layer_ids=spec.layer_ids, num_target_layers=spec.num_target_layers)
+              layer_ids=spec.layer_ids, num_target_layers=spec.num_target_layers, trained_for=checkpoint.trained_for)
     _check_not_final_layer(target, spec, who)
     state = checkpoint.state_dict(target.device, target.dtype)
     state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}  # derived, never trained
@@ -504,7 +504,7 @@ def random_drafter(target, fmt: str = "deepspec", seed: int = 0, draft_vocab_siz
 
 
 def build(target, options: dict) -> Method:
-    source = drafter_source(METHOD, options)
+    source = drafter_source(METHOD, options, target)
     if source is not None:
         return load_drafter(target, source)
     vocab = options.get("draft_vocab_size")

@@ -77,6 +77,10 @@ class PromptOptions:
     min_context_tokens: int = 0
     max_context_tokens: int = 384
     max_per_trajectory: int = 4
+    # > 0: cut contexts from only the first N (shuffled, held-out-checked) trajectories of each source. Cuts of one
+    # trajectory are prefixes of each other, so the feature pass costs one forward per trajectory (features.py):
+    # with long contexts, few trajectories with many cuts cost far less than many with one each.
+    max_trajectories: int = 0
 
 
 # ---- sources ---------------------------------------------------------------------------------------------------

@@ -191,8 +191,12 @@ class TrajectoryStream:
                 size += len(texts[i])
             rng.shuffle(cuts)
             per_trajectory.append((traj_id, messages, texts, cuts[: options.max_per_trajectory]))
-        self.stats["candidates"] = sum(len(c) for *_, c in per_trajectory)
+        # boilerplate n-grams are counted over every trajectory of the file, whatever is kept below
         self.common = common_heldout_grams([texts for _, _, texts, _ in per_trajectory], heldout)
+        if options.max_trajectories > 0:
+            per_trajectory = [t for t in per_trajectory if t[3]][: options.max_trajectories]
+            self.stats["trajectories_used"] = len(per_trajectory)
+        self.stats["candidates"] = sum(len(c) for *_, c in per_trajectory)
         self.stats["common_heldout_ngrams_ignored"] = len(self.common)
         self.order = [(t, r) for r in range(options.max_per_trajectory) for t in range(len(per_trajectory))
                       if r < len(per_trajectory[t][3])]

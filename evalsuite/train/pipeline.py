@@ -84,7 +84,10 @@ def all_feature_layers(num_target_layers: int, method: str, options) -> tuple[in
 def work_dir_for(request: TrainRequest, target: TargetModel, target_sha: str) -> Path:
     if request.work_dir is not None:
         return Path(request.work_dir)
-    key = json.dumps({"target": target_sha, "data": request.data, "prompts": asdict(request.prompts),
+    prompts = asdict(request.prompts)
+    if not prompts["max_trajectories"]:
+        del prompts["max_trajectories"]  # added later: keys of work dirs made before it stay the same
+    key = json.dumps({"target": target_sha, "data": request.data, "prompts": prompts,
                       "generation": asdict(request.generation), "extra": [str(p) for p in request.heldout_extra],
                       **({"max_seq_len": request.max_seq_len} if request.max_seq_len else {})}, sort_keys=True)
     return cache_root() / "train" / hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -154,8 +157,10 @@ def prepare_data(request: TrainRequest, target: TargetModel, target_sha: str, la
             if bar:
                 bar.start()
             try:
-                cache = build_features(target, sequences, features_dir, FeatureSpec(layers, request.topk, max_seq_len=request.max_seq_len),
-                                       target_sha, lambda n, tokens: bar.update(handle, advance=n) if bar else None)
+                spec = FeatureSpec(layers, request.topk, max_seq_len=request.max_seq_len,
+                                   labels=feature_labels(features_dir))
+                cache = build_features(target, sequences, features_dir, spec, target_sha,
+                                       lambda n, tokens: bar.update(handle, advance=n) if bar else None)
             finally:
                 if bar:
                     bar.stop()
@@ -173,6 +178,15 @@ def prepare_data(request: TrainRequest, target: TargetModel, target_sha: str, la
              "heldout": json.loads(heldout_path.read_text())["summary"],
              "selection": json.loads(heldout_path.read_text())["selection"]}
     return work, cache, stats
+
+
+def feature_labels(features_dir: Path) -> str:
+    """Label the reply positions only (FeatureSpec.labels), except when resuming a cache begun with labels
+    everywhere (before the option existed)."""
+    meta = features_dir / "meta.json"
+    if meta.exists():
+        return json.loads(meta.read_text()).get("labels", "all")
+    return "reply"
 
 
 def _no_dirs(item: str) -> str:
