@@ -86,7 +86,11 @@ class Runner:
                             "the turns between points are not decoded; use --replay logged")
         self.contention = contention.snapshot()  # before loading: what else keeps the CPU busy
         self.threads_requested = self.config.threads
-        self.config = replace(self.config, threads=contention.resolve_threads(self.config.threads, self.contention))
+        threads = contention.resolve_threads(self.config.threads, self.contention)
+        stored = self.store.read_config() if self.config.resume else None
+        if stored and self.config.threads in (None, "auto") and isinstance(stored.get("threads"), int):
+            threads = stored["threads"]  # a resumed run keeps the thread count its first part was timed with
+        self.config = replace(self.config, threads=threads)
         self.engine.start(self.methods, self.config.threads)
         self.chat = self.engine.chat
         self.worker_device = self.worker_device or self.engine.device_label

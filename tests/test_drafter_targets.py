@@ -17,7 +17,7 @@ from evalsuite.methods.base import get_method
 from evalsuite.methods.checkpoints import drafter_source, shipped_default, trained_for
 from evalsuite.target import TargetModel, weights_hash
 from evalsuite.testing import build_tiny_target
-from tests.block_drafter_kit import dlite_checkpoint
+from tests.helpers import dlite_checkpoint
 
 SHAPES = SimpleNamespace(hidden_size=64, vocab_size=260, num_layers=4)
 

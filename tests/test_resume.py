@@ -183,6 +183,9 @@ def test_resume_refuses_each_drift_field_by_name(finished_run, tiny_qwen3_dir, c
     if change[0] == "--limit":
         args[args.index("--limit") + 1] = change[1]
         change = []
+    if field == "threads":  # a count other than the one the run was timed with (auto resolved it to free cores)
+        stored = json.loads((finished_run / "run.json").read_text())["threads"]
+        change = ["--threads", str(stored + 1)]
     before = rows(finished_run)
     try:
         result = run_cli(*args, *change, "--resume")
@@ -192,6 +195,19 @@ def test_resume_refuses_each_drift_field_by_name(finished_run, tiny_qwen3_dir, c
     # one line (after the transformers weight-loading bar, which is not ours)
     assert result.output.strip().splitlines()[-1].startswith(f"error: --resume: {field} differs from the stored run")
     assert rows(finished_run) == before
+
+
+def test_resume_with_auto_threads_keeps_the_stored_count(finished_run, tiny_qwen3_dir):
+    """--threads auto on resume: the count the run was timed with, not whatever the machine leaves free now."""
+    config = json.loads((finished_run / "run.json").read_text())
+    config["threads"] = config["threads"] + 1  # as if the first part ran when one more core was free
+    (finished_run / "run.json").write_text(json.dumps(config))
+    try:
+        result = run_cli(*base_args(tiny_qwen3_dir, finished_run), "--resume")
+    finally:
+        torch.set_num_threads(1)
+    assert result.exit_code == 0, result.output
+    assert json.loads((finished_run / "run.json").read_text())["threads"] == config["threads"]
 
 
 def test_sample_ids_select_exact_samples_and_are_a_drift_field(tiny_qwen3_dir, tmp_path):

@@ -285,7 +285,7 @@ class _Writer:
         ids = torch.tensor(self.sequences[host].ids, device=device).view(1, -1)
         end = max(self.full[m] for m in members)  # = the host's length
         cache = self.target.new_cache()
-        self.target.reserve(cache, end)
+        cache.reserve(end)
         for s in range(0, end, chunk):
             e = min(s + chunk, end)
             out = self.target.model.model(input_ids=ids[:, s:e], cache=cache, use_cache=True,
