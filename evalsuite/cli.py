@@ -158,7 +158,7 @@ def run(
     method_option: list[str] = typer.Option([], "--method-option", help="METHOD.KEY=VALUE, repeatable: a method "
                                             "setting, e.g. suffix.max_spec_factor=2 (recorded in run.json)."),
     workers: int = typer.Option(1, help="Ray worker actors, one trajectory (all methods) at a time each; 1 = "
-                                "this process, no Ray. See README 'Running on many GPUs'."),
+                                "this process, no Ray. See docs/running.md, 'Running on many GPUs'."),
     ray_address: Optional[str] = typer.Option(None, help="Join this Ray cluster (else RAY_ADDRESS, else a local "
                                               "one is started); implies the Ray path even with --workers 1."),
     gpus_per_worker: Optional[float] = typer.Option(None, help="GPUs per worker (fractions share one GPU); "
@@ -166,7 +166,7 @@ def run(
     threads_per_worker: Optional[int] = typer.Option(None, help="torch threads per Ray worker (default: the "
                                                      "node's cores / --workers)."),
     engine: str = typer.Option("hf", help="hf (ours: per-step times, every drafter) | vllm (vLLM's speculative "
-                                          "decoding in its own venv: ar, ngram, eagle3; see README)."),
+                                          "decoding in its own venv: ar, ngram, eagle3; see docs/running.md)."),
     sample_ids: Optional[str] = typer.Option(None, help="Comma-separated sample ids to run, in this order "
                                              "(instead of a seeded --limit subset)."),
     context_points: Optional[str] = typer.Option(None, help="Decode only the first turn of each trajectory whose "

@@ -31,7 +31,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from evalsuite.config import RunConfig
+from evalsuite.config import RunConfig, portable_paths
 from evalsuite.conventions import BASELINE
 from evalsuite.errors import UserError
 from evalsuite.replay import MethodReplay
@@ -83,7 +83,7 @@ def run_concurrency(config: RunConfig, levels: list[int], out_dir: Path,
                                   "speedup_throughput": "tokens/s ÷ vLLM ar's at the same level",
                                   "speedup_itl": "vLLM ar's ITL P50 ÷ this ITL P50"})
         tmp = out_dir / ".run.json.tmp"
-        tmp.write_text(json.dumps(described, indent=1, default=str))
+        tmp.write_text(json.dumps(portable_paths(described), indent=1, default=str))  # no machine paths
         os.replace(tmp, out_dir / "run.json")
         return table
     finally:

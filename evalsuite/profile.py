@@ -43,7 +43,7 @@ import torch
 from evalsuite import embedded
 from evalsuite.bundled import require_bundled
 from evalsuite.catalog import method_spec
-from evalsuite.config import environment
+from evalsuite.config import environment, portable_paths
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Method, Sampling, get_method
 from evalsuite.methods.batched import ROOM, batched_drafter, batching_of
@@ -836,5 +836,5 @@ def _write(out: Path, profile: Profile, model: TargetModel, load) -> None:
                                                                "threads": torch.get_num_threads(),
                                                                "contention": load.describe()}}
     tmp = out / ".run.json.tmp"
-    tmp.write_text(json.dumps(run, indent=1, default=str))
+    tmp.write_text(json.dumps(portable_paths(run), indent=1, default=str))  # no machine paths in run.json
     os.replace(tmp, out / "run.json")

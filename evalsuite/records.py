@@ -79,7 +79,7 @@ class TurnRecord:
     turn: int
     replay: str  # "logged" | "free" | "mixed" | "raw" | "closed": where the replies in this turn's context came from
     context_len: int  # tokens before the model speaks (the rendered prompt of this turn)
-    prompt_tokens: int  # = context_len; kept under the name the README and issue use
+    prompt_tokens: int  # = context_len; kept under the name other harnesses use
     prefill_tokens: int = 0
     new_tokens: int = 0
     num_steps: int = 0

@@ -83,6 +83,25 @@ def test_caveat_box_from_run_json_and_training_reports():
             "overlap); not stated for eagle3.") in text
 
 
+def test_caveat_box_labels_a_temperature_block_as_the_tables_do():
+    """A T=1 run of a task is its own column (`mt-bench T=1`): its sample size is its own, and the drafters'
+    held-out statement for the task covers it."""
+    base = {"target_name": "SmolLM2-135M", "target_sha256": "d99538b711f0fa20", "dtype": "float32",
+            "target_max_context": 8192, "context_policy": "stop", "task": "mt-bench", "max_new_tokens": 64, "k": 7,
+            "temperature": 0.0, "limit": 5, "replay": "free"}
+    hot = {**base, "temperature": 1.0, "limit": 3}
+    report = {"method": "dlite", "steps": 10, "training_seconds": 60.0, "torch_threads": 1,
+              "data": {"reply_tokens": 100, "heldout": {"rule": "drop a 13-gram overlap",
+                                                        "samples_per_task": {"mt-bench": 80}}}}
+    lines = verdict.caveat_box([base, hot], {"dlite": verdict.card_facts(report)},
+                               {"mt-bench": (5, 10), "mt-bench T=1": (3, 6)}, ["mt-bench", "mt-bench T=1"])
+    text = "\n".join(lines)
+    assert "mt-bench 5 samples (5 trajectories, 10 turns decoded per method)" in text
+    assert "mt-bench T=1 3 samples (3 trajectories, 6 turns decoded per method)" in text
+    assert "Held out: the training data of dlite excluded every sample of mt-bench (rule: drop a 13-gram overlap)." \
+        in text
+
+
 def test_replay_source_falls_back_to_the_mode_and_the_task_source():
     assert verdict.replay_source({"replay": "logged", "task_source": "gemini logs"}) == \
         "logged replies from the task data (gemini logs)"

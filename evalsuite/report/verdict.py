@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from evalsuite.report.decisions import format_interval
-from evalsuite.report.load import REPO_ROOT
+from evalsuite.report.load import REPO_ROOT, task_label
 from evalsuite.report.effects import change_over
 
 VERDICT_COLUMNS = ["task", "label", "sentence"]
@@ -248,7 +248,7 @@ def heldout_line(cards: dict[str, dict | None], tasks: list[str]) -> str | None:
     if not known:
         return ("Held out: no training report states which evaluation samples the drafters' training excluded, so "
                 "train/test overlap is not ruled out here.")
-    base = [t.split(":")[0] for t in tasks]
+    base = [t.split(" T=")[0].split(":")[0] for t in tasks]  # a label's task (no subset, no temperature)
     covered = [m for m, c in known.items() if all(t in c["heldout_tasks"] for t in base)]
     missing = sorted(set(cards) - set(covered))
     rules = _distinct(c["heldout_rule"] for c in known.values())
@@ -283,7 +283,7 @@ def caveat_box(configs: list[dict], cards: dict[str, dict] | None = None,
                  f"{', '.join(map(str, _distinct(c.get('repeats', 1) for c in configs)))}.")
     sizes = []
     for c in configs:
-        label = f"{c.get('task')}{':' + c['subset'] if c.get('subset') else ''}"
+        label = task_label(c.get("task", "?"), c.get("subset"), c.get("temperature"))  # as the tables label it
         n = _sample_size(c)
         analysed = (counts or {}).get(label)
         text = f"{label} {n} samples"
