@@ -126,7 +126,7 @@ def sweep(runner: Runner, method: str, level: int, warm_only: list[int] | None =
         while len({i for i, _ in active.values()}) < level and queue:
             index = queue.pop(0)
             trajectory = runner.trajectories[index]
-            replays[index] = runner._replays(trajectory, (method,))[method]  # the run's own replay of it
+            replays[index] = runner.replays(trajectory, (method,))[method]  # the run's own replay of it
             submit_turn(index, 0)
 
     if not worker.reset_prefix_cache():  # the same prompts ran at the previous level: start every level cold

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from evalsuite.replay import MethodReplay
+from evalsuite.conventions import BASELINE
 from evalsuite.resume import program
 from evalsuite.tasks.base import LoadOptions
 
@@ -114,10 +114,10 @@ def make_plan(runner, warmup_costs: dict[str, float] | None = None) -> Plan:
 
 def pending_turns(runner, unit) -> list[tuple[int, int, list[str]]]:
     """(context tokens, new context tokens to prefill, methods to decode) per turn of a unit that has a decode.
-    Contexts follow the run's replay; a reply not written yet is a placeholder of --max-new-tokens tokens."""
+    Contexts follow the run's replay; a reply not written yet is a placeholder of --max-new-tokens tokens (in a
+    closed loop it calls no tool, so the plan counts one decode per user turn: a lower bound)."""
     trajectory = unit.trajectory
-    replay = MethodReplay(trajectory, runner.replay, runner.policy, runner._render(trajectory), runner.config.max_turns,
-                          runner.config.context_points)
+    replay = runner.replays(trajectory, (BASELINE,))[BASELINE]
     stored = {m: {row.turn for row in runner.stored.get((m, trajectory.sample_id), [])} for m in unit.methods}
     placeholder = PLACEHOLDER_WORD * runner.config.max_new_tokens
     found, previous, turn = [], 0, 0

@@ -181,7 +181,7 @@ class Runner:
             return
         progress = progress or Progress(total=0)
         sample = trajectory.sample_id
-        replays = self._replays(trajectory, methods)
+        replays = self.replays(trajectory, methods)
         stored = {name: {row.turn: row for row in self.stored.get((name, sample), [])} for name in methods}
         earlier = {name: [] for name in methods}  # (turn, output ids) per method so far: the degenerate check
         self.engine.begin_trajectory()
@@ -266,7 +266,8 @@ class Runner:
         return order
 
     # ---- pieces ----------------------------------------------------------------------------------------------
-    def _replays(self, trajectory: Trajectory, methods: tuple[str, ...]) -> dict[str, MethodReplay]:
+    def replays(self, trajectory: Trajectory, methods: tuple[str, ...]) -> dict[str, MethodReplay]:
+        """Each method's replay of `trajectory` as this run makes it (replay mode, context points, closed loop)."""
         if self.replay == CLOSED:
             return closed_replays(trajectory, methods, self.policy, self._render, self.config.temperature,
                                   self.config.max_turns)

@@ -299,3 +299,36 @@ def test_runs_without_the_new_columns_still_read(tmp_path, t0_run):
     read = read_run(old).turns
     assert len(read) == turns.num_rows and set(read.repo) == {""} and set(read.pairing) == {""}
     assert read_tool_calls(old).empty
+
+
+def test_the_cli_plans_and_runs_a_closed_loop(target_dir, bfcl_dir, tmp_path):
+    """`evalsuite run --replay closed` end to end: the plan counts one decode per user turn (placeholder replies
+    call no tool, so nothing is executed for the plan), then the loop runs and stores its tool calls."""
+    import torch
+    from typer.testing import CliRunner
+
+    from evalsuite.cli import app
+    from evalsuite.plan import pending_turns
+
+    out = tmp_path / "cli"
+    try:
+        result = CliRunner().invoke(app, ["run", "--method", "ngram", "--task", "bfcl-v3", "--replay", "closed",
+                                          "--target", str(target_dir), "--data-path", str(bfcl_dir), "--limit", "1",
+                                          "--max-new-tokens", "8", "--k", "3", "--max-turns", "3", "--threads", "1",
+                                          "--out", str(out)], catch_exceptions=False)
+    finally:
+        torch.set_num_threads(1)
+    assert result.exit_code == 0, result.output
+    assert "plan:" in result.output and "Traceback" not in result.output
+    turns = read_run(out).turns
+    assert set(turns.method) == {"ar", "ngram"} and (turns.replay == "closed").all()
+    assert len(read_tool_calls(out)) == len(turns)
+    runner = Runner(closed_config(target_dir, bfcl_dir, tmp_path / "plan", max_turns=None, data_path=str(bfcl_dir)),
+                    tmp_path / "plan")
+    runner.load()
+    unit = runner.pending_units()[0]
+    planned = pending_turns(runner, unit)  # placeholder replies call nothing: one decode per user turn
+    assert len(planned) == len(unit.trajectory.turns)
+    assert all(set(methods) == {"ar", "ngram"} for _, _, methods in planned)
+    contexts = [context for context, _, _ in planned]
+    assert contexts == sorted(contexts)  # each user turn's context holds the one before

@@ -196,7 +196,7 @@ def _context_axis(ax, values) -> None:
         ax.xaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(
             lambda v, _: f"{v:,.0f}" if str(round(v))[0] in "25" else ""))
     else:
-        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(5, integer=True))
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(3, integer=True))  # 5-digit labels, narrow panels
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
     ax.tick_params(axis="x", labelsize=7.5)
 
@@ -258,10 +258,10 @@ def _context_figure(curves, turns, groups, tasks, palette, measure: str, ylabel:
                 ax.set_ylim(*limits)
             _context_axis(ax, np.concatenate([cells.context_median.to_numpy(), thin.context_len.to_numpy(float)]))
             bins = cells.groupby("context_median").n_trajectories.max()
-            for x, n in bins.items():
-                ax.annotate(f"n={n}", (x, 0), xycoords=("data", "axes fraction"), xytext=(0, 2),
+            for i, (x, n) in enumerate(bins.items()):  # staggered: neighbouring bins can sit close together
+                ax.annotate(f"n={n}", (x, 0), xycoords=("data", "axes fraction"), xytext=(0, 2 + 8 * (i % 2)),
                             textcoords="offset points", ha="center", va="bottom", fontsize=6.5, color="#56606b")
-            ax.set_title(f"{task} ({_trajectories(thin)})" if r == 0 else "")
+            ax.set_title(f"{task}\n({_trajectories(thin)})" if r == 0 else "", fontsize=9.5)  # two lines: no overlap
             if c == 0:
                 ax.set_ylabel(f"{label}\n{ylabel}" if label else ylabel)
             if r == len(groups) - 1:

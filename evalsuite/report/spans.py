@@ -380,8 +380,9 @@ def span_figure(acceptance: pd.DataFrame, tasks: list[str], methods: list[str]):
             values = np.array([rows.acceptance_per_drafted.get(s, np.nan) for s in present], float)
             ax.bar(x, np.nan_to_num(values), width=width, color=palette(method), label=method)
         shares = own.groupby("span").share_of_output.max()
-        ax.set_xticks([x_of[s] for s in present],
-                      [f"{s.replace('_', ' ')}\n{_percent(shares.get(s, 0))}" for s in present], fontsize=8)
+        ax.set_xticks([x_of[s] for s in present],  # slanted: six labels side by side in a narrow panel
+                      [f"{s.replace('_', ' ')} {_percent(shares.get(s, 0))}" for s in present], fontsize=7.5,
+                      rotation=35, ha="right", rotation_mode="anchor")
         if any(s in COPY_SPANS for s in present) and any(s in KINDS for s in present):
             ax.axvline(max(x_of[s] for s in present if s in KINDS) + 0.8, color="#999999", linewidth=0.8)
         ax.set_ylim(0, 1.0)
