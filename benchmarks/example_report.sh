@@ -52,11 +52,6 @@ rm -rf "$STAGE/tables" "$STAGE/figures" "$STAGE/index.html" "$STAGE/report.md"  
 $EVALSUITE report "$STAGE/runs/swebench" "$STAGE/runs/bfcl-v3" "$STAGE/runs/gsm8k" "$STAGE/runs/mt-bench" \
   "$STAGE/runs/mt-bench-T1" --out "$STAGE" --resamples "$RESAMPLES"
 
-# Replace $OUT with the staged report (its README is kept: it describes the report and is written by hand).
-keep=""
-if [ -f "$OUT/README.md" ]; then keep=$(mktemp); cp "$OUT/README.md" "$keep"; fi
-rm -rf "$OUT"
-mkdir -p "$(dirname "$OUT")"
-cp -r "$STAGE" "$OUT"
-if [ -n "$keep" ]; then cp "$keep" "$OUT/README.md"; rm -f "$keep"; fi
+. benchmarks/publish_report.sh
+publish_report "$STAGE" "$OUT"  # its hand-written README is kept
 echo "example report in $OUT (open $OUT/index.html); the staged copy stays in $STAGE"

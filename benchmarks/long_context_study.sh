@@ -47,10 +47,6 @@ $EVALSUITE run --target "$TARGET" --method "$METHODS" --task swebench --sample-i
   --out "$STAGE/runs/swebench-points"
 rm -rf "$STAGE/tables" "$STAGE/figures" "$STAGE/index.html" "$STAGE/report.md"
 $EVALSUITE report "$STAGE/runs/swebench-points" --out "$STAGE" --resamples "$RESAMPLES"
-keep=""
-if [ -f "$OUT/README.md" ]; then keep=$(mktemp); cp "$OUT/README.md" "$keep"; fi
-rm -rf "$OUT"
-mkdir -p "$(dirname "$OUT")"
-cp -r "$STAGE" "$OUT"
-if [ -n "$keep" ]; then cp "$keep" "$OUT/README.md"; rm -f "$keep"; fi
+. benchmarks/publish_report.sh
+publish_report "$STAGE" "$OUT"  # its hand-written README is kept
 echo "long-context report in $OUT (open $OUT/index.html)"

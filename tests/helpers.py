@@ -375,3 +375,10 @@ def vllm_python() -> str | None:
         return vllm_engine.find_vllm_python()
     except UserError:
         return None
+
+
+def requires_vllm(test):
+    """Skip `test` where vLLM's venv is not set up (`scripts/setup.sh --all` sets it up; CI does)."""
+    import pytest
+
+    return pytest.mark.skipif(vllm_python() is None, reason="vLLM venv not set up (scripts/setup_vllm.sh)")(test)

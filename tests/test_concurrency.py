@@ -13,13 +13,13 @@ from typer.testing import CliRunner
 from evalsuite.cli import app
 from evalsuite.concurrency import measures, with_speedups
 from evalsuite.testing import build_tiny_target
-from tests.helpers import vllm_python
+from tests.helpers import requires_vllm
 
 cli = CliRunner()
 
 
 @pytest.mark.vllm
-@pytest.mark.skipif(vllm_python() is None, reason="vLLM venv not set up (scripts/setup_vllm.sh)")
+@requires_vllm
 def test_concurrency_sweep_writes_one_row_per_method_and_level(tmp_path):
     # head_dim 64: vLLM's CPU attention does not take the smallest tiny targets' head_dim 16
     target = build_tiny_target(tmp_path / "tiny", arch="qwen3", layers=2, hidden_size=256, heads=4, kv_heads=2,

@@ -13,13 +13,11 @@ from typer.testing import CliRunner
 from evalsuite.cli import app
 from evalsuite.compare import compare_turns, divergence_margins
 from evalsuite.records import STEP_SCHEMA, TURN_SCHEMA
-from tests.helpers import load_steps, load_turns, vllm_python
+from tests.helpers import load_steps, load_turns, requires_vllm
 
 pytestmark = pytest.mark.vllm
 cli = CliRunner()
 
-
-requires_vllm = pytest.mark.skipif(vllm_python() is None, reason="vLLM venv not set up (scripts/setup_vllm.sh)")
 
 CASES = {"gsm8k": ["--task", "gsm8k", "--limit", "2"],
          "swebench": ["--task", "swebench", "--limit", "1", "--max-turns", "3"]}
