@@ -70,41 +70,45 @@ def kv_bytes_per_token(target: TargetModel) -> int:
     return 2 * target.num_layers * heads * head_dim * torch.finfo(target.dtype).bits // 8
 
 
-def measure(targets: dict[str, TargetModel], context: int, repeats: int) -> dict[str, dict[int, float]]:
-    """Median seconds per (cache kind, block size) after `context` tokens."""
+def measure(targets: dict[str, tuple[TargetModel, int]], context: int, repeats: int) -> dict[str, dict[int, float]]:
+    """Median seconds per (variant, block size) after `context` tokens; a variant is a target and a thread count."""
     generator = torch.Generator().manual_seed(context)
-    any_target = next(iter(targets.values()))
+    any_target = next(iter(targets.values()))[0]
     device = any_target.device
     clock = DeviceClock(device)
     ids = torch.randint(4, any_target.vocab_size, (context,), generator=generator).to(device)
     blocks = {n: torch.randint(4, any_target.vocab_size, (n,), generator=generator).to(device) for n in BLOCKS}
     caches = {}
-    for kind, target in targets.items():
-        caches[kind] = target.new_cache()
-        caches[kind].reserve(context + max(BLOCKS) + 1)
-        target.forward(ids, caches[kind], last_only=True)
+    for name, (target, threads) in targets.items():
+        torch.set_num_threads(threads)
+        caches[name] = target.new_cache()
+        caches[name].reserve(context + max(BLOCKS) + 1)
+        target.forward(ids, caches[name], last_only=True)
 
-    def timed(kind: str, n: int) -> float:
-        target, cache = targets[kind], caches[kind]
+    def timed(name: str, n: int) -> float:
+        (target, threads), cache = targets[name], caches[name]
+        torch.set_num_threads(threads)  # untimed
         start = clock.now()
         target.forward(blocks[n], cache)
         elapsed = clock.now() - start
         cache.crop_to(context)
         return elapsed
 
-    for kind in targets:  # warm up every shape
+    for name in targets:  # warm up every shape
         for n in BLOCKS:
-            timed(kind, n)
-            timed(kind, n)
-    times = {kind: {n: [] for n in BLOCKS} for kind in targets}
+            timed(name, n)
+            timed(name, n)
+    times = {name: {n: [] for n in BLOCKS} for name in targets}
     for _ in range(repeats):
-        for kind in targets:
+        for name in targets:
             for n in BLOCKS:
-                times[kind][n].append(timed(kind, n))
-    return {kind: {n: statistics.median(v) for n, v in per.items()} for kind, per in times.items()}
+                times[name][n].append(timed(name, n))
+    for name in caches:  # free each variant's cache before the next context
+        caches[name] = None
+    return {name: {n: statistics.median(v) for n, v in per.items()} for name, per in times.items()}
 
 
-def load(args, kv_cache: str, compile: bool = False) -> TargetModel:
+def load(args, kv_cache: str = "static", compile: bool = False, weight_layout: str = "auto") -> TargetModel:
     """The default target or a path as `evalsuite run` loads it; or a random Qwen3-shaped one (draft_cost.py's)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from draft_cost import RANDOM_TARGETS, random_target
@@ -112,8 +116,12 @@ def load(args, kv_cache: str, compile: bool = False) -> TargetModel:
     if args.target in RANDOM_TARGETS:
         dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
         shape = "tiny" if args.tiny else RANDOM_TARGETS[args.target]
-        return random_target(shape, args.target, args.device, dtype, kv_cache, compile)
-    return TargetModel.load(args.target, args.device, kv_cache=kv_cache, compile=compile)
+        target = random_target(shape, args.target, args.device, dtype, kv_cache, compile, weight_layout)
+    else:
+        target = TargetModel.load(args.target, args.device, kv_cache=kv_cache, compile=compile,
+                                  weight_layout=weight_layout)
+    target.prepare_blocks(max(BLOCKS))  # as the engine does before a run with --k 7
+    return target
 
 
 def main() -> None:
@@ -122,43 +130,64 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--contexts", default="512,2048,4096,8000")
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--cache", default="dynamic,static")
-    parser.add_argument("--compile", action="store_true", help="also time the static cache with --compile")
+    parser.add_argument("--layouts", default="auto",
+                        help="comma-separated engines to time side by side: a --weight-layout each (auto, fused, "
+                             "column-major+onednn, ...), optionally +dynamic for transformers' DynamicCache")
+    parser.add_argument("--threads", default=None,
+                        help="comma-separated thread counts, each timed as its own variant (default: torch's)")
+    parser.add_argument("--compile", action="store_true", help="also time the HF decoder with --compile")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes of a random target (code-path check)")
     args = parser.parse_args()
 
-    kinds = args.cache.split(",")
-    variants = {kind: dict(kv_cache=kind) for kind in kinds}
+    thread_counts = [int(t) for t in args.threads.split(",")] if args.threads else [torch.get_num_threads()]
+    variants = {}
+    for spec in args.layouts.split(","):
+        layout, _, cache = spec.partition("+dynamic")
+        variants[spec] = dict(weight_layout=layout or "auto", kv_cache="dynamic" if spec.endswith("+dynamic")
+                              else "static")
     if args.compile:
-        variants["static+compile"] = dict(kv_cache="static", compile=True)
-    targets = {name: load(args, **options) for name, options in variants.items()}
+        variants["column-major+compile"] = dict(weight_layout="column-major", kv_cache="static", compile=True)
+    loaded = {name: load(args, **options) for name, options in variants.items()}
+    targets = {}
+    for name, target in loaded.items():
+        for threads in thread_counts:
+            label = f"{target.weight_layout}{'+dynamic' if target.kv_cache == 'dynamic' else ''}" + \
+                (f"/{threads}t" if len(thread_counts) > 1 or args.threads else "")
+            targets[label] = (target, threads)
     contexts = [int(c) for c in args.contexts.split(",")]
-    target = targets[kinds[0]]
-    bandwidth = copy_bandwidth(target.device)
+    target = next(iter(loaded.values()))
+    bandwidths = {}
+    for threads in thread_counts:
+        torch.set_num_threads(threads)
+        bandwidths[threads] = copy_bandwidth(target.device)
     weights = weight_bytes(target)
     per_token = kv_bytes_per_token(target)
-    print(f"target: {target.name} on {target.device} ({target.weight_layout}), threads {torch.get_num_threads()}, "
-          f"{args.repeats} repeats (medians); weights read per forward {weights / 1e6:.0f} MB, KV "
-          f"{per_token / 1e3:.1f} kB/token, copy bandwidth {bandwidth / 1e9:.1f} GB/s (measured now)")
-    print("cache           context  decode ms  verify-2 ms (÷dec)  verify-4 ms (÷dec)  verify-8 ms (÷dec)  "
+    print(f"target: {target.name} on {target.device}, {args.repeats} repeats (medians); weights read per forward "
+          f"{weights / 1e6:.0f} MB, KV {per_token / 1e3:.1f} kB/token, copy bandwidth " +
+          ", ".join(f"{b / 1e9:.1f} GB/s at {t} thread{'s' if t > 1 else ''}" for t, b in bandwidths.items()) +
+          " (measured now); floor = (weights + KV) ÷ the copy bandwidth at the variant's thread count")
+    width = max(len(name) for name in targets) + 2
+    print(f"{'engine':{width}s}context  decode ms  verify-2 ms (÷dec)  verify-4 ms (÷dec)  verify-8 ms (÷dec)  "
           "floor ms  decode ÷ floor", flush=True)
     results = {}
     for context in contexts:  # rows print as they are measured
         results[context] = measure(targets, context, args.repeats)
-        floor = (weights + per_token * context) / bandwidth
-        for kind, t in results[context].items():
+        for name, t in results[context].items():
+            floor = (weights + per_token * context) / bandwidths[targets[name][1]]
             cells = "  ".join(f"{1e3 * t[n]:11.1f} ({t[n] / t[1]:.2f})" for n in BLOCKS[1:])
-            print(f"{kind:14s}  {context:7d}  {1e3 * t[1]:9.1f}  {cells}  {1e3 * floor:8.1f}  {t[1] / floor:14.2f}",
-                  flush=True)
-    for kind in targets:
-        short = results[contexts[0]][kind][1]
-        print(f"{kind}: decode ÷ decode at {contexts[0]}: " +
-              "  ".join(f"{c}: {results[c][kind][1] / short:.2f}" for c in contexts))
-    if "dynamic" in targets and "static" in targets:
-        print("static speed-up over dynamic (time ratio) per context, by block size:")
-        for context in contexts:
-            d, s = results[context]["dynamic"], results[context]["static"]
-            print(f"{context:7d}  " + "  ".join(f"{n}: {d[n] / s[n]:.2f}" for n in BLOCKS))
+            print(f"{name:{width}s}{context:7d}  {1e3 * t[1]:9.1f}  {cells}  {1e3 * floor:8.1f}  "
+                  f"{t[1] / floor:14.2f}", flush=True)
+    for name in targets:
+        short = results[contexts[0]][name][1]
+        print(f"{name}: decode ÷ decode at {contexts[0]}: " +
+              "  ".join(f"{c}: {results[c][name][1] / short:.2f}" for c in contexts))
+    if len(thread_counts) > 1:
+        print("decode time at the fewest threads ÷ at the most (≥ 1: more threads are faster):")
+        for name in loaded:
+            lo, hi = min(thread_counts), max(thread_counts)
+            label = lambda t: next(k for k, (tg, th) in targets.items() if tg is loaded[name] and th == t)
+            print(f"  {loaded[name].weight_layout}: " + "  ".join(
+                f"{c}: {results[c][label(lo)][1] / results[c][label(hi)][1]:.2f}" for c in contexts))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ BFCL_INSTALL_HINT = ("pip install 'evalsuite[bfcl]' && pip install --no-deps bfc
                      "(--no-deps: bfcl-eval pins numpy==1.26.4)")
 CONTEXT_POLICIES = ("stop", "truncate-left")
 ENGINES = ("hf", "vllm")
-WEIGHT_LAYOUTS = ("auto", "row-major", "column-major", "column-major+onednn")
+WEIGHT_LAYOUTS = ("auto", "fused", "row-major", "column-major", "column-major+onednn")
 CACHE_KINDS = ("static", "dynamic")
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}
@@ -131,9 +131,11 @@ class RunConfig:
             raise UserError(f"--dtype {self.dtype}: expected one of float32, bfloat16, float16")
         if self.engine == "hf" and self.device == "cpu" and DTYPES.get(self.dtype or "float32", "float32") != "float32":
             raise UserError(f"--dtype {self.dtype}: only float32 is supported on CPU")
-        if self.compile and self.weight_layout == "column-major+onednn":
-            raise UserError("--compile: the oneDNN block kernels cannot be compiled; use --weight-layout column-major "
-                            "or auto")
+        if self.compile and self.weight_layout in ("column-major+onednn", "fused"):
+            raise UserError(f"--compile with --weight-layout {self.weight_layout}: torch.compile runs the Hugging Face "
+                            "decoder; use --weight-layout column-major or auto")
+        if self.weight_layout == "fused" and self.kv_cache == "dynamic":
+            raise UserError("--weight-layout fused runs on the static KV cache; drop --kv-cache dynamic")
         if self.gpus_per_worker and not self.device.startswith("cuda"):
             raise UserError(f"--gpus-per-worker {self.gpus_per_worker} with --device {self.device}: pass --device "
                             "cuda or --gpus-per-worker 0")

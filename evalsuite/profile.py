@@ -123,7 +123,7 @@ def random_target(config, name: str, device: str = "cpu", dtype: torch.dtype = t
     dev = parse_device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device is visible; use --device cpu")
-    layout = resolve_weight_layout(weight_layout, dev, compile)
+    layout = resolve_weight_layout(weight_layout, dev, compile, config, kv_cache)
     check_weights_fit(config, name, dev, dtype, layout)
     torch.manual_seed(0)
     with torch.device(dev):
@@ -145,7 +145,7 @@ def weight_bytes_of(config, dtype: torch.dtype, layout: str = "row-major") -> in
     size = torch.empty(0, dtype=dtype).element_size()
     params = {id(p): p for p in model.parameters()}.values()
     total = sum(p.numel() for p in params) * size
-    if layout == "column-major+onednn" and dtype == torch.float32:
+    if layout in ("column-major+onednn", "fused") and dtype == torch.float32:  # oneDNN / MKL-packed block copies
         total += sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)) * size
     return int(total)
 
@@ -262,6 +262,15 @@ def module_bytes(module: torch.nn.Module) -> int:
         if extra is not None:
             total += extra.numel() * extra.element_size()
     return total
+
+
+def packed_bytes(target: TargetModel) -> int:
+    """The fused decoder's MKL-packed block copies (as many bytes as the weights they copy), 0 elsewhere."""
+    fused = getattr(target, "fused", None)
+    if fused is None or not fused.block_rows:
+        return 0
+    weights = [w for layer in fused.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [fused.head]
+    return sum(w.numel() * w.element_size() for w in weights)
 
 
 def target_point_bytes(config, dtype: torch.dtype, batch: int, context: int, block: int, chunk: int = 1024) -> int:
@@ -739,6 +748,7 @@ def run_profile(out: Path, target: str | None = None, target_shape: str | None =
 
     load = contention.snapshot()
     model = build_target(target, target_shape, device, dtype, weight_layout)
+    model.prepare_blocks(k + 1)  # as the engine does: verify blocks of up to k+1 tokens ready before timing
     spec = ProfileSpec(list(batches), list(contexts), k, warmup, repeats, time_limit_s=time_limit_s)
     window = int(getattr(_decoder(model.config), "max_position_embeddings", 0) or 0)
     over = [c for c in spec.contexts if window and c + ROOM + 2 * k > window]
@@ -767,7 +777,7 @@ def run_profile(out: Path, target: str | None = None, target_shape: str | None =
         "target": label["target"], "target_shape": target_shape, "target_dir": None if target_shape else
         model.model_dir, "config": _config_dict(model.config), "dtype": label["dtype"],
         "weight_layout": model.weight_layout, "kv_cache": "static (synthetic K/V fill)",
-        "weights_bytes": module_bytes(model.model), "params": sum(p.numel() for p in model.model.parameters()),
+        "weights_bytes": module_bytes(model.model) + packed_bytes(model), "params": sum(p.numel() for p in model.model.parameters()),
         "kv_bytes_per_token": kv_bytes_per_token(model.config, model.dtype),
         "device_memory_bytes": device_memory(model.device),
         "drafters": {d.label: {**d.method.describe(), "weights_bytes": _drafter_bytes(d.method, model),

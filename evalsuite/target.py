@@ -21,6 +21,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Genera
 from evalsuite import embedded
 from evalsuite.chat import ChatTokenizer
 from evalsuite.config import CACHE_KINDS, WEIGHT_LAYOUTS
+from evalsuite.decoder import FusedDecoder, supported
 from evalsuite.errors import UserError
 from evalsuite.hashing import file_sha256
 from evalsuite.kv_cache import ATTENTION, DynamicKVCache, KVCache, check_supported
@@ -124,10 +125,12 @@ class TargetModel:
             check_supported(cfg)
             if cfg._attn_implementation == "sdpa":
                 model.set_attn_implementation(ATTENTION)
-        if compile and weight_layout == "column-major+onednn":
-            raise UserError("--compile: the oneDNN block kernels cannot be compiled; use --weight-layout column-major "
-                            "or auto")
+        if compile and weight_layout in ("column-major+onednn", "fused"):
+            raise UserError(f"--compile with --weight-layout {weight_layout}: torch.compile runs the Hugging Face "
+                            "decoder; use --weight-layout column-major or auto")
         self.compile = compile
+        # "fused": evalsuite.decoder's own forward (fused weights, packed block GEMMs); the HF modules stay usable
+        self.fused = FusedDecoder(model) if weight_layout == "fused" else None
         # torch.compile with dynamic shapes: one graph for one-token decodes and one for verify blocks (sizes 0 and 1
         # are specialised), the context length symbolic in both; compiled on first use, i.e. in the untimed warm-up
         self._compiled_decoder = torch.compile(model.model, dynamic=True) if compile else None
@@ -169,7 +172,11 @@ class TargetModel:
         entry = embedded.lookup(spec)
         name = entry.name if entry is not None else spec
         model = model.to(dev)
-        layout = resolve_weight_layout(weight_layout, dev, compile)
+        if weight_layout == "fused":
+            reason = supported(model) or ("--kv-cache dynamic" if kv_cache == "dynamic" else None)
+            if reason is not None:
+                raise UserError(f"--weight-layout fused: not for {reason}; use --weight-layout auto")
+        layout = resolve_weight_layout(weight_layout, dev, compile, model, kv_cache)
         if layout.startswith("column-major"):
             use_column_major_linears(model, onednn_blocks=layout == "column-major+onednn")
         return cls(model, tokenizer, name, path, dev, torch_dtype, layout, kv_cache, compile)
@@ -190,6 +197,11 @@ class TargetModel:
         return self.chat.decode(ids)
 
     # ---- forward passes ----------------------------------------------------------------------------------
+    def prepare_blocks(self, rows: int) -> bool:
+        """Get verify blocks of up to `rows` tokens ready before any timed forward (the fused decoder packs its
+        weights for that many rows once; blocks of 3 … rows tokens pad to it). Returns whether packing is used."""
+        return self.fused.prepare_blocks(rows) if self.fused is not None else False
+
     def new_cache(self) -> KVCache | DynamicKVCache:
         """An empty KV cache of the kind chosen (`--kv-cache`); caches reserve (`reserve`) and roll back
         (`crop_to`) themselves."""
@@ -205,6 +217,9 @@ class TargetModel:
         logits of the last position only (prefill).
         """
         ids = input_ids.view(1, -1)
+        if self.fused is not None:
+            logits, hidden = self.fused.forward(ids, cache, tuple(layer_ids), last_only)
+            return ForwardOutput(logits=logits[0].float(), hidden=None if hidden is None else hidden[0])
         want_hidden = bool(layer_ids)
         decoder = self.model.model
         if self._compiled_decoder is not None and ids.shape[1] <= COMPILED_MAX_BLOCK and cache.get_seq_length():
@@ -225,6 +240,8 @@ class TargetModel:
         """Run `input_ids` ([batch, n] on device) after a cached context of the same length in every row
         (uniform lengths: no padding); every row of the cache grows by n. Returns the logits [batch, n, V] in
         float32. Used by the cost surfaces (evalsuite.profile); the engine's decode path is `forward`, batch 1."""
+        if self.fused is not None:
+            return self.fused.forward(input_ids, cache)[0].float()
         decoder = self.model.model
         if self._compiled_decoder is not None and input_ids.shape[1] <= COMPILED_MAX_BLOCK and \
                 cache.get_seq_length():
@@ -293,9 +310,14 @@ def parse_device(device: str) -> torch.device:
     return dev
 
 
-def resolve_weight_layout(layout: str, device: torch.device, compile: bool = False) -> str:
+def resolve_weight_layout(layout: str, device: torch.device, compile: bool = False, model=None,
+                          kv_cache: str = "static") -> str:
+    """"auto": the fused decoder wherever it supports the model (any device), else the Hugging Face decoder with
+    the layout that is fastest on the device."""
     if layout != "auto":
         return layout
+    if model is not None and not compile and kv_cache == "static" and supported(model) is None:
+        return "fused"
     if device.type != "cpu":
         return "row-major"
     return "column-major+onednn" if torch.backends.mkldnn.is_available() and not compile else "column-major"

@@ -91,7 +91,8 @@ def test_run_json_records_the_configuration(ngram_run):
     assert env["versions"]["torch"] and env["device_name"] and env["git_commit"]
     assert len(config["target_sha256"]) == 64
     assert config["drafters"]["ngram"]["max_ngram"] == 3
-    assert config["weight_layout"] == "column-major+onednn"  # "auto" resolved for the CPU
+    assert config["weight_layout"] == "fused"  # "auto" resolved: evalsuite.decoder supports the tiny Llama
+    assert config["packed_block_rows"] == config["k"] + 1  # MKL-packed verify blocks of up to k+1 rows
 
 
 def test_rerun_without_resume_refuses(ngram_run, tiny_qwen3_dir):

@@ -16,8 +16,9 @@ from tests.helpers import PROMPTS, decode
 LAYOUTS = [layout for layout in WEIGHT_LAYOUTS if layout != "auto"]
 
 
-def test_auto_on_cpu_is_column_major_with_onednn_blocks(tiny_llama_dir):
-    target = TargetModel.load(str(tiny_llama_dir))
+def test_auto_on_cpu_is_fused_and_the_hf_fallback_is_column_major_with_onednn_blocks(tiny_llama_dir):
+    assert TargetModel.load(str(tiny_llama_dir)).weight_layout == "fused"  # evalsuite.decoder (tests/test_decoder.py)
+    target = TargetModel.load(str(tiny_llama_dir), kv_cache="dynamic")  # the HF decoder: auto as before
     assert target.weight_layout == "column-major+onednn"
     linears = [m for m in target.model.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(isinstance(m, OneDnnBlockLinear) for m in linears)
@@ -50,10 +51,10 @@ def test_onednn_blocks_fall_back_to_the_plain_linear_under_autograd(tiny_llama_d
     torch.testing.assert_close(x.grad, head.weight.sum(0).expand_as(x))
 
 
-@pytest.mark.parametrize("layout", ["row-major", "column-major"])
+@pytest.mark.parametrize("layout", ["row-major", "column-major", "column-major+onednn"])
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_decoding_is_lossless_in_the_other_layouts_too(tiny_qwen3_dir, prompt, layout):
-    """The engine tests run the default (column-major+onednn on CPU); these cover the other two."""
+    """The engine tests run the default (fused on CPU); these cover the HF decoder's layouts."""
     target = TargetModel.load(str(tiny_qwen3_dir), weight_layout=layout)
     reference = decode(target, AutoregressiveMethod(target.device), prompt, 32)
     for k in (1, 4):
@@ -61,5 +62,5 @@ def test_decoding_is_lossless_in_the_other_layouts_too(tiny_qwen3_dir, prompt, l
 
 
 def test_an_unknown_layout_is_a_one_line_error(tiny_llama_dir):
-    with pytest.raises(UserError, match="--weight-layout diagonal: choose from auto, row-major, column-major"):
+    with pytest.raises(UserError, match="--weight-layout diagonal: choose from auto, fused, row-major, column-major"):
         TargetModel.load(str(tiny_llama_dir), weight_layout="diagonal")

@@ -83,6 +83,7 @@ class HfEngine(Engine):
             torch.set_num_threads(threads)
         self.target = TargetModel.load(cfg.target, cfg.device, cfg.dtype, cfg.weight_layout, cfg.kv_cache,
                                        cfg.compile)
+        self.packed_blocks = self.target.prepare_blocks(cfg.k + 1)  # untimed: verify blocks of up to k+1 rows
         self.chat = self.target.chat
         self.device_label = str(self.target.device)
         self.clock = DeviceClock(self.target.device)
@@ -151,6 +152,7 @@ class HfEngine(Engine):
         return {
             "dtype": str(target.dtype).removeprefix("torch."),
             "weight_layout": target.weight_layout,
+            "packed_block_rows": target.fused.block_rows if target.fused is not None else 0,
             "target_name": target.name,
             "target_path": target.model_dir,
             "target_sha256": cached_weights_hash(target.model_dir),

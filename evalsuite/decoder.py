@@ -1,0 +1,250 @@
+"""The target's forward pass written out: fused weights, few kernels per layer, block GEMMs on pre-packed weights.
+
+Why not the Hugging Face modeling code for decoding: a one-token decode of a 135M model on a CPU is about 20 ms of
+weight reads, and transformers' per-layer Python (mask construction, rotary module, cache API, separate q/k/v and
+gate/up projections) added as much again; a block of 2 … 16 tokens multiplies few rows by every weight, where
+MKL's GEMM repacks the weights on every call and costs ~2× a one-row product. Here, per layer: one RMSNorm, one
+QKV product, rotary from a position table, one in-place cache write, one SDPA call (grouped-query heads folded into
+the query axis, so each K/V head is read once), one output product, one RMSNorm, one gate/up product, SiLU·up, one
+down product. Verify blocks are padded to a fixed row count whose weights MKL packed once (`prepare_blocks`);
+the padded rows come after the real ones, so causality keeps them from changing any real row, and their K/V are
+cropped away before the call returns.
+
+Supported: decoder-only Llama / Mistral / Qwen2 / Qwen3 (`supported`), full attention in every layer, SiLU MLP.
+Numerics: the same math as transformers' eager code in the same dtype (tests/test_decoder.py compares logits,
+hidden states and greedy tokens), not the same summation order, so the last bits of a logit may differ.
+
+Hidden-state convention (as `output_hidden_states=True`): index 0 the embedding output, index i+1 the output of
+decoder layer i, the last index after the final norm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+PREFILL_CHUNK = 1024  # rows per forward of a long prefill: bounds the mask and the MLP activations
+MIN_PACKED_ROWS = 3  # blocks of 1-2 rows run on the plain product, which is cheaper there than a padded block
+
+
+def _mkl_packing_available() -> bool:
+    return hasattr(torch.ops, "mkl") and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight") and \
+        torch.backends.mkl.is_available()
+
+
+def supported(model) -> str | None:
+    """None when `model` (a model or its config) can run through `FusedDecoder`, else the reason it cannot."""
+    cfg = getattr(model, "config", model).get_text_config(decoder=True)
+    kind = getattr(cfg, "model_type", "")
+    if kind not in _ARCHITECTURES:
+        return f"architecture {kind!r} (fused: {', '.join(_ARCHITECTURES)})"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"activation {cfg.hidden_act}"
+    layer_types = getattr(cfg, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types) or getattr(cfg, "use_sliding_window", False):
+        return "sliding-window layers"
+    if getattr(cfg, "sliding_window", None) and kind == "mistral":
+        return "sliding-window attention"
+    return None
+
+
+@dataclass
+class _Layer:
+    norm1: torch.Tensor
+    qkv: torch.Tensor  # [q + 2 kv, H]
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    norm2: torch.Tensor
+    gate_up: torch.Tensor  # [2 I, H]
+    down: torch.Tensor
+    q_norm: torch.Tensor | None  # Qwen3's per-head RMSNorm of q and k
+    k_norm: torch.Tensor | None
+    packed: dict | None = None  # weight name → MKL-packed copy for `FusedDecoder.block_rows` rows
+
+
+def _fuse(rows: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Stack the weights of `rows` into one [Σ out, in] tensor and point each Linear at its slice (no extra copy
+    stays in memory: the Hugging Face modules keep working on views of the fused storage)."""
+    weight = torch.cat([m.weight.detach() for m in rows]).contiguous()
+    bias = None
+    if any(m.bias is not None for m in rows):
+        bias = torch.cat([m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features)
+                          for m in rows]).contiguous()
+    start = 0
+    for m in rows:
+        end = start + m.out_features
+        m.weight = torch.nn.Parameter(weight[start:end], requires_grad=False)
+        if m.bias is not None:
+            m.bias = torch.nn.Parameter(bias[start:end], requires_grad=False)
+        start = end
+    return weight, bias
+
+
+class FusedDecoder:
+    """A decoder-only LM's forward over evalsuite.kv_cache's `KVCache`, on the model's own (fused) weights."""
+
+    def __init__(self, model):
+        reason = supported(model)
+        if reason is not None:
+            raise ValueError(f"the fused decoder does not support {reason}")
+        cfg = model.config.get_text_config(decoder=True)
+        inner = model.model
+        self.hidden = cfg.hidden_size
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or self.hidden // self.heads)
+        self.groups = self.heads // self.kv_heads
+        self.eps = float(cfg.rms_norm_eps)
+        self.intermediate = cfg.intermediate_size
+        self.layers: list[_Layer] = []
+        for block in inner.layers:
+            attn, mlp = block.self_attn, block.mlp
+            qkv, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+            gate_up, _ = _fuse([mlp.gate_proj, mlp.up_proj])
+            if attn.o_proj.bias is not None or mlp.down_proj.bias is not None or mlp.gate_proj.bias is not None:
+                raise ValueError("the fused decoder does not support biases outside q/k/v")
+            q_norm = getattr(attn, "q_norm", None)
+            k_norm = getattr(attn, "k_norm", None)
+            self.layers.append(_Layer(
+                norm1=block.input_layernorm.weight.detach(), qkv=qkv, qkv_bias=qkv_bias,
+                o=attn.o_proj.weight.detach(), norm2=block.post_attention_layernorm.weight.detach(),
+                gate_up=gate_up, down=mlp.down_proj.weight.detach(),
+                q_norm=None if q_norm is None else q_norm.weight.detach(),
+                k_norm=None if k_norm is None else k_norm.weight.detach()))
+        self.scaling = float(inner.layers[0].self_attn.scaling)
+        self.embed = model.get_input_embeddings().weight.detach()
+        self.final_norm = inner.norm.weight.detach()
+        self.head = model.get_output_embeddings().weight.detach()
+        self.head_packed = None
+        self._rotary = inner.rotary_emb
+        self._cos = self._sin = None
+        self.block_rows = 0  # verify blocks of MIN_PACKED_ROWS … block_rows rows are padded to block_rows
+        self.device = self.embed.device
+
+    # ---- set-up ------------------------------------------------------------------------------------------
+    def prepare_blocks(self, rows: int) -> bool:
+        """Pack every weight once for `rows`-row products (MKL, fp32 CPU only); blocks of 3 … `rows` rows then
+        pad to `rows`. Returns whether packing is in use (elsewhere every product is the plain one)."""
+        if rows < MIN_PACKED_ROWS or self.device.type != "cpu" or self.embed.dtype != torch.float32 \
+                or not _mkl_packing_available():
+            self.block_rows = 0
+            return False
+        if rows == self.block_rows:
+            return True
+        pack = torch.ops.mkl._mkl_reorder_linear_weight
+        for layer in self.layers:
+            layer.packed = {name: pack(getattr(layer, name), rows) for name in ("qkv", "o", "gate_up", "down")}
+        self.head_packed = pack(self.head, rows)
+        self.block_rows = rows
+        return True
+
+    def _positions(self, end: int, like: torch.Tensor) -> None:
+        """The rotary tables cover positions [0, end) (grown by doubling; computed by the model's own rotary
+        module, so scaling variants such as llama3 or YaRN come out as transformers computes them)."""
+        if self._cos is not None and self._cos.shape[0] >= end:
+            return
+        size = max(end, 2 * (0 if self._cos is None else self._cos.shape[0]), 4096)
+        positions = torch.arange(size, device=self.device).view(1, -1)
+        cos, sin = self._rotary(like, positions)  # like: only its dtype and device are read
+        half = self.head_dim // 2
+        self._cos = cos[0].to(like.dtype).contiguous()
+        # rotate_half(x)·sin == cat(x2, x1)·(−sin1, sin2): the sign folded into the table
+        self._sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1).to(like.dtype).contiguous()
+
+    # ---- products ----------------------------------------------------------------------------------------
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, packed, bias: torch.Tensor | None = None):
+        rows = x.shape[0] * x.shape[1]
+        if packed is not None and rows == self.block_rows:
+            flat = x.reshape(rows, x.shape[-1])
+            out = torch.ops.mkl._mkl_linear(flat, packed, weight, bias, rows)
+            return out.view(x.shape[0], x.shape[1], -1)
+        return F.linear(x, weight, bias)
+
+    # ---- the forward -------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, cache, layer_ids: tuple[int, ...] = (), last_only: bool = False,
+                logits: bool = True):
+        """`ids` [batch, n] after the cached context (equal lengths); returns (logits [batch, n or 1, V] in the
+        model dtype or None, hidden [batch, n, len(layer_ids), H] or None). The cache grows by n."""
+        batch, n = ids.shape
+        if n > PREFILL_CHUNK:
+            outs = [self.forward(ids[:, i:i + PREFILL_CHUNK], cache, layer_ids, last_only,
+                                 logits=logits and (not last_only or i + PREFILL_CHUNK >= n))
+                    for i in range(0, n, PREFILL_CHUNK)]
+            hidden = None if not layer_ids else torch.cat([h for _, h in outs], dim=1)
+            if not logits:
+                return None, hidden
+            return (outs[-1][0] if last_only else torch.cat([o for o, _ in outs], dim=1)), hidden
+        pad = 0
+        if batch == 1 and self.block_rows and MIN_PACKED_ROWS <= n < self.block_rows:
+            pad = self.block_rows - n  # repeat the last token: rows after the real ones change none of them
+            ids = torch.cat([ids, ids[:, -1:].expand(1, pad)], dim=1)
+        start = cache.get_seq_length()
+        rows = n + pad
+        end = start + rows
+        x = F.embedding(ids, self.embed)
+        self._positions(end, x)
+        cos = self._cos[start:end].view(1, rows, 1, self.head_dim)
+        sin = self._sin[start:end].view(1, rows, 1, self.head_dim)
+        mask = None
+        if rows > 1:  # query row i (absolute start + i) sees key columns 0 … start + i; folded rows g·rows + i
+            allowed = torch.arange(end, device=self.device).view(1, end) <= \
+                torch.arange(start, end, device=self.device).view(rows, 1)
+            mask = allowed.repeat(self.groups, 1)
+        wanted = {j + 1: None for j in layer_ids}
+        if 0 in wanted:
+            wanted[0] = x
+        last_layer = len(self.layers)
+        for index, (layer, cache_layer) in enumerate(zip(self.layers, cache.layers)):
+            x = self._layer(x, layer, cache_layer, cos, sin, mask, batch, rows)
+            if index + 1 in wanted and index + 1 != last_layer:
+                wanted[index + 1] = x
+        x = F.rms_norm(x, (self.hidden,), self.final_norm, self.eps)
+        if last_layer in wanted:
+            wanted[last_layer] = x
+        if pad:
+            cache.crop_to(start + n)
+        hidden = None
+        if layer_ids:
+            hidden = torch.stack([wanted[j + 1][:, :n] for j in layer_ids], dim=2)
+        if not logits:
+            return None, hidden
+        if last_only:
+            return self._linear(x[:, n - 1:n], self.head, None), hidden
+        return self._linear(x, self.head, self.head_packed)[:, :n], hidden
+
+    def _layer(self, x, layer: _Layer, cache_layer, cos, sin, mask, batch: int, rows: int):
+        heads, kv_heads, dim, groups = self.heads, self.kv_heads, self.head_dim, self.groups
+        packed = layer.packed or {}
+        h = F.rms_norm(x, (self.hidden,), layer.norm1, self.eps)
+        qkv = self._linear(h, layer.qkv, packed.get("qkv"), layer.qkv_bias)
+        q_width, kv_width = heads * dim, kv_heads * dim
+        v = qkv[..., q_width + kv_width:].view(batch, rows, kv_heads, dim)
+        if layer.q_norm is None:
+            qk = qkv[..., :q_width + kv_width].view(batch, rows, heads + kv_heads, dim)
+            qk = self._rotate(qk, cos, sin)
+            q, k = qk[:, :, :heads], qk[:, :, heads:]
+        else:
+            q = F.rms_norm(qkv[..., :q_width].view(batch, rows, heads, dim), (dim,), layer.q_norm, self.eps)
+            k = F.rms_norm(qkv[..., q_width:q_width + kv_width].view(batch, rows, kv_heads, dim), (dim,),
+                           layer.k_norm, self.eps)
+            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        keys, values = cache_layer.update(k.transpose(1, 2), v.transpose(1, 2))
+        # query head kv·groups + g → row g·rows + i of KV head kv: each K/V head is read once
+        folded = q.reshape(batch, rows, kv_heads, groups, dim).permute(0, 2, 3, 1, 4).reshape(
+            batch, kv_heads, groups * rows, dim)
+        out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask, scale=self.scaling)
+        out = out.view(batch, kv_heads, groups, rows, dim).permute(0, 3, 1, 2, 4).reshape(batch, rows, q_width)
+        x = x + self._linear(out, layer.o, packed.get("o"))
+        h = F.rms_norm(x, (self.hidden,), layer.norm2, self.eps)
+        gate_up = self._linear(h, layer.gate_up, packed.get("gate_up"))
+        gate, up = gate_up.split(self.intermediate, dim=-1)
+        return x + self._linear(F.silu(gate) * up, layer.down, packed.get("down"))
+
+    def _rotate(self, t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = self.head_dim // 2
+        swapped = torch.cat([t[..., half:], t[..., :half]], dim=-1)
+        return torch.addcmul(t * cos, swapped, sin)

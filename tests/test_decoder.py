@@ -1,0 +1,139 @@
+"""The fused decoder (evalsuite/decoder.py) against transformers' eager code on tiny random targets: logits, hidden
+states and greedy tokens for one-token decodes, verify blocks of 1 … k+1 tokens (padded to the packed row count
+or not) after a growing context, chunked prefills, batches, and the cache it leaves."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from evalsuite.decoder import PREFILL_CHUNK, supported
+from evalsuite.errors import UserError
+from evalsuite.target import TargetModel
+from evalsuite.testing import byte_tokenizer
+
+K = 7
+LAYERS = (-1, 0, 2, 3)  # the embeddings, two inner layers, and the last one (after the final norm)
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen2_dir(tmp_path_factory):
+    """Qwen2: biases on q/k/v, tied embeddings."""
+    directory = tmp_path_factory.mktemp("tiny-qwen2")
+    torch.manual_seed(1)
+    config = Qwen2Config(vocab_size=260, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=128, max_position_embeddings=4096,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:  # non-zero biases, so that dropping them would show
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+        model.model.embed_tokens.weight.mul_(4.0)
+    model.generation_config.eos_token_id = 2
+    model.save_pretrained(directory, safe_serialization=True)
+    byte_tokenizer().save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3", "qwen2"])
+def pair(request, tiny_dirs, tiny_qwen2_dir):
+    directory = tiny_qwen2_dir if request.param == "qwen2" else tiny_dirs[request.param]
+    fused = TargetModel.load(str(directory), weight_layout="fused")
+    eager = TargetModel.load(str(directory), weight_layout="row-major")
+    return fused, eager
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    scale = max(float(b.abs().max()), 1.0)
+    assert float((a - b).abs().max()) <= 1e-4 * scale, what
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_blocks_after_a_growing_context_match_eager(pair, packed):
+    fused, eager = pair
+    fused.prepare_blocks(K + 1 if packed else 1)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 260, (300,), generator=generator)
+    fc, ec = fused.new_cache(), eager.new_cache()
+    a, b = fused.forward(ids, fc, LAYERS, last_only=True), eager.forward(ids, ec, LAYERS, last_only=True)
+    _close(a.logits, b.logits, "prefill logits")
+    _close(a.hidden, b.hidden, "prefill hidden states")
+    assert a.logits.shape == (1, 260) and a.hidden.shape == (300, len(LAYERS), 64)
+    for round_ in range(2):  # the context grows between rounds: accepted blocks stay in the cache
+        for n in range(1, K + 3):  # 1 … k+2: unpadded, padded to k+1, exactly k+1, and past it
+            block = torch.randint(3, 260, (n,), generator=generator)
+            length = fc.get_seq_length()
+            a, b = fused.forward(block, fc, LAYERS), eager.forward(block, ec, LAYERS)
+            assert fc.get_seq_length() == ec.get_seq_length() == length + n  # padding never stays in the cache
+            assert a.logits.shape == b.logits.shape == (n, 260)
+            _close(a.logits, b.logits, f"block of {n}")
+            _close(a.hidden, b.hidden, f"hidden states of a block of {n}")
+            assert torch.equal(a.logits.argmax(-1), b.logits.argmax(-1)), f"greedy tokens of a block of {n}"
+            keep = length + max(n // 2, 1)  # roll back part of the block, as a rejected draft would be
+            fc.crop_to(keep)
+            ec.crop_to(keep)
+    fused.prepare_blocks(1)
+
+
+def test_greedy_decode_matches_eager_token_for_token(pair):
+    fused, eager = pair
+    fused.prepare_blocks(K + 1)
+    prompt = torch.randint(3, 260, (40,), generator=torch.Generator().manual_seed(3))
+    outputs = []
+    for target in (fused, eager):
+        cache = target.new_cache()
+        logits = target.forward(prompt, cache, last_only=True).logits
+        tokens = [int(logits[-1].argmax())]
+        for _ in range(60):
+            logits = target.forward(torch.tensor(tokens[-1:]), cache).logits
+            tokens.append(int(logits[-1].argmax()))
+        outputs.append(tokens)
+    assert outputs[0] == outputs[1]
+    fused.prepare_blocks(1)
+
+
+def test_a_verified_block_gives_the_decodes_tokens(pair):
+    """What speculative decoding relies on: verifying the greedy continuation as one block returns, at every
+    position, the token a one-token decode would produce there."""
+    fused, _ = pair
+    fused.prepare_blocks(K + 1)
+    prompt = torch.randint(3, 260, (50,), generator=torch.Generator().manual_seed(4))
+    cache = fused.new_cache()
+    first = int(fused.forward(prompt, cache, last_only=True).logits[-1].argmax())
+    greedy = [first]
+    for _ in range(K + 1):
+        greedy.append(int(fused.forward(torch.tensor(greedy[-1:]), cache).logits[-1].argmax()))
+    cache.crop_to(prompt.numel())
+    for n in range(1, K + 2):
+        block = torch.tensor(greedy[:n])
+        verified = fused.forward(block, cache).logits.argmax(-1).tolist()
+        assert verified == greedy[1:n + 1]
+        cache.crop_to(prompt.numel())
+    fused.prepare_blocks(1)
+
+
+def test_chunked_prefill_and_batches_match_eager(pair):
+    fused, eager = pair
+    ids = torch.randint(3, 260, (PREFILL_CHUNK + 200,), generator=torch.Generator().manual_seed(5))
+    fc, ec = fused.new_cache(), eager.new_cache()
+    a, b = fused.forward(ids, fc, (1,)), eager.forward(ids, ec, (1,))
+    assert a.logits.shape == (ids.numel(), 260) and a.hidden.shape[0] == ids.numel()
+    _close(a.logits, b.logits, "chunked prefill logits")
+    _close(a.hidden, b.hidden, "chunked prefill hidden states")
+    rows = torch.randint(3, 260, (3, 20), generator=torch.Generator().manual_seed(6))
+    fc, ec = fused.new_cache(), eager.new_cache()
+    _close(fused.forward_batch(rows, fc), eager.forward_batch(rows, ec), "a batch of three rows")
+    step = torch.randint(3, 260, (3, 4), generator=torch.Generator().manual_seed(7))
+    _close(fused.forward_batch(step, fc), eager.forward_batch(step, ec), "a batched block after the rows")
+    assert fc.get_seq_length() == 24
+
+
+def test_auto_picks_the_fused_decoder_and_refusals_are_one_line(tiny_llama_dir):
+    assert TargetModel.load(str(tiny_llama_dir)).weight_layout == "fused"
+    assert TargetModel.load(str(tiny_llama_dir), kv_cache="dynamic").weight_layout != "fused"
+    with pytest.raises(UserError, match="fused runs on the static KV cache|not for --kv-cache dynamic"):
+        TargetModel.load(str(tiny_llama_dir), weight_layout="fused", kv_cache="dynamic")
+    gpt2 = type("Config", (), {"get_text_config": lambda self, decoder=True: self, "model_type": "gpt2"})()
+    assert "architecture 'gpt2'" in supported(gpt2)
