@@ -13,7 +13,8 @@ Module attribute names reproduce the released checkpoints' key names (`layers.{i
 `hidden_norm.weight`), so a checkpoint loads without renaming.
 
 Also here: the growable draft KV cache of the context-keeping methods, and `ContextCacheMethod`, the
-draft/commit bookkeeping DFlash and DSpark share.
+draft/commit bookkeeping DFlash and DSpark share; with `window` W (docs/methods.md §7) the block reads only the
+W context rows before the anchor, at their absolute positions.
 """
 
 from __future__ import annotations

@@ -26,6 +26,9 @@ the bonus token.
 Only the newest entry's output is ever read (the reference discards the others too), and with a single
 layer a cache entry depends on its own inputs alone, so an extend computes keys/values for every new entry
 but the attention and MLP for the newest one only.
+
+With `window` W (docs/methods.md §7) each query entry at position p sees the entries p-W+1 … p only, at their
+absolute rope positions; the cache builds and keeps only those (`evalsuite.methods.window`).
 """
 
 from __future__ import annotations
