@@ -352,10 +352,14 @@ def methods():
     table = Table(title="methods")
     table.add_column("name")
     table.add_column("needs a checkpoint")
+    table.add_column("settings (--method-option)")
     table.add_column("what it does")
     for spec in sorted(METHODS.values(), key=lambda m: m.name):
-        table.add_row(spec.name, "yes" if spec.needs_checkpoint else "no", spec.summary)
+        table.add_row(spec.name, "yes" if spec.needs_checkpoint else "no", ", ".join(sorted(spec.options)) or "–",
+                      spec.summary)
     out.print(table)
+    console.print("A label NAME:KEY=VALUE runs a variant beside its method, e.g. --method eagle3,eagle3:window=2048 "
+                  "(window: docs/methods.md §7).", highlight=False)
 
 
 @app.command()
