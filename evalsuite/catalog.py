@@ -82,8 +82,9 @@ class MethodSpec:
                                 f"window; windowable: {', '.join(windowable())}")
             if key not in self.options:
                 choices = ", ".join(sorted(self.options)) or "none"
-                raise UserError(f"{where + f': unknown setting {key}' if where else f'--method-option {self.name}.{key}: unknown setting'}"
-                                f"{suggest(key, self.options)}; {self.method} takes: {choices}")
+                unknown = f"{where}: unknown setting {key}" if where else \
+                    f"--method-option {self.name}.{key}: unknown setting"
+                raise UserError(f"{unknown}{suggest(key, self.options)}; {self.method} takes: {choices}")
             value = self.options[key].parse(self.name, key, value, where)
             if key in self.presets and value != self.presets[key]:
                 raise UserError(f"{shown}: the label {self.name} already sets {key}={self.presets[key]}")
