@@ -20,8 +20,9 @@ Medians over the timed steps. CUDA timings use events after a device sync. Usage
     python benchmarks/draft_cost.py --target qwen3-8b-random --device cuda   # bf16, 2k/8k/32k/64k
     python benchmarks/draft_cost.py --target qwen3-8b-random --tiny          # the same code path, tiny shapes
 
-`--methods` takes names or `name:key=value,...` variants (options as `evalsuite run` passes them), e.g.
-`eagle3:format=specforge,draft_vocab_size=32000` or `dflash:layout=block7`.
+`--methods` takes names or method labels `name:key=value[:key=value…]` (as `evalsuite run --method` reads them,
+evalsuite.catalog), e.g. `eagle3:format=specforge:draft_vocab_size=32000`, `dflash:layout=block7` or
+`eagle3:window=2048`.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ RANDOM_TARGETS = {"qwen3-8b-random": "qwen3-8b", "qwen3-4b-random": "qwen3-4b"}
 # `--tiny`: the random-target code path at toy sizes (deep enough for distinct feature layers).
 TINY_SHAPE = SHAPES["tiny"][1]
 # The random targets' released drafter variants worth timing next to the defaults.
-RELEASED_VARIANTS = ["dlite", "eagle3", "eagle3:format=specforge,draft_vocab_size=32000", "dflash",
+RELEASED_VARIANTS = ["dlite", "eagle3", "eagle3:format=specforge:draft_vocab_size=32000", "dflash",
                      "dflash:layout=block7", "dspark"]
 
 CONTEXTS = {"default": [512, 2048, 4096, 8192], "random": [2048, 8192, 32768, 65536], "tiny": [64, 256]}
@@ -87,13 +88,12 @@ def load_target(args) -> TargetModel:
 
 
 def parse_method(spec: str) -> tuple[str, str, dict]:
-    """`name` or `name:key=value,...` → (label, method name, options)."""
-    name, _, rest = spec.partition(":")
-    raw = dict(item.partition("=")[::2] for item in filter(None, rest.split(",")))
-    options = method_spec(name).parse_options(raw)
-    if method_spec(name).needs_checkpoint:
+    """`name` or a label `name:key=value[:key=value…]` (evalsuite.catalog) → (label, method name, options)."""
+    variant = method_spec(spec)
+    options = variant.parse_options({})
+    if variant.needs_checkpoint:
         options["drafter"] = "random"  # untrained default-size drafters, even where trained ones ship
-    return spec, name, options
+    return spec, variant.method, options
 
 
 def default_methods(args) -> list[str]:
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: bf16 on CUDA, else fp32)")
     parser.add_argument("--methods", default=None,
-                        help="methods separated by ';' (commas separate a variant's options); default: all learned")
+                        help="methods or method labels separated by ';'; default: all learned")
     parser.add_argument("--contexts", default=None, help="comma-separated context lengths in tokens")
     parser.add_argument("-k", type=int, default=7, help="drafts per proposal")
     parser.add_argument("--steps", type=int, default=15, help="timed proposals per method and context")

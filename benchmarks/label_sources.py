@@ -35,6 +35,7 @@ from evalsuite.chat import fit_to_template  # noqa: E402
 from evalsuite.target import TargetModel  # noqa: E402
 from evalsuite.train import data as data_mod  # noqa: E402
 from evalsuite.train import mixture  # noqa: E402
+from evalsuite.train import mixture  # noqa: E402
 from evalsuite.train.generate import GenerationOptions, read_sequences, regenerate  # noqa: E402
 
 SWE = ROOT / "baselines/drafters/training-data/mini-swe-agent_gemini-3-pro_train.jsonl.gz"
@@ -62,7 +63,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     target = TargetModel.load("default", weight_layout="row-major")  # as `evalsuite train` loads it
     heldout = data_mod.build_heldout()
-    selected = data_mod.select_prompts(
+    selected = mixture.select_prompts(
         [f"swe:{SWE}"], heldout,
         data_mod.PromptOptions(num_prompts=args.contexts, min_context_tokens=args.min_context,
                                max_context_tokens=args.max_context, max_per_trajectory=1, seed=args.seed))

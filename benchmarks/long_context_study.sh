@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The long-context study on the 32k target (--target qwen2.5-coder-0.5b; `bash scripts/setup.sh --qwen-coder`):
 # SWE-Bench agent trajectories replayed through their logged replies up to 32k tokens, decoded only at context
-# points (--context-points), all seven methods with the drafters shipped for this target, then `evalsuite report`.
+# points (--context-points), all seven methods with the drafters shipped for this target and EAGLE-3 with a
+# 2,048-position sliding window (the label eagle3:window=2048, same drafter), then `evalsuite report`.
 # Run it on an otherwise idle machine (timings are measured); it resumes where it stopped (--resume).
 #
 #   bash benchmarks/long_context_study.sh                       # into reports/qwen-coder-long-context/
@@ -18,7 +19,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-reports/qwen-coder-long-context}
 STAGE=${STAGE:-results/long-context-study}        # results/ is git-ignored
 TARGET=${TARGET:-qwen2.5-coder-0.5b}
-METHODS=${METHODS:-ar,ngram,suffix,dlite,eagle3,dflash,dspark}
+METHODS=${METHODS:-ar,ngram,suffix,dlite,eagle3,eagle3:window=2048,dflash,dspark}  # eagle3:window=2048: docs/methods.md §7
 POINTS=${POINTS:-2k,4k,8k,16k,24k,32k}
 # Bundled mini-swe-agent trajectories whose logged contexts pass 20k tokens with this target's tokenizer (chosen
 # across repositories; `python benchmarks/long_context_study.py --list` prints every trajectory's reach)

@@ -4,7 +4,9 @@ drafters' own KV caches (evalsuite.methods.draft_layers, evalsuite.methods.eagle
 A `GrowableBuffer` is a tensor preallocated along one axis; writes go in place and return views of the filled
 part, so no forward copies the cache; rollback is the owner's length moving back. It grows by whole chunks
 (`chunk`, for a cache reserved before a timed decode) or by doubling (`chunk=None`, for caches that follow the
-context one step at a time), copying what it holds once per growth.
+context one step at a time), copying what it holds once per growth. A windowed draft cache gives it a `limit`:
+doubling stops there (a single write may still need more), and the owner makes room by `drop_front`, forgetting
+the oldest rows, instead of growing (`evalsuite.methods.window`).
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ import torch
 
 
 class GrowableBuffer:
-    def __init__(self, axis: int, chunk: int | None = None, minimum: int = 64):
+    def __init__(self, axis: int, chunk: int | None = None, minimum: int = 64, limit: int | None = None):
         self.axis = axis
         self.chunk = chunk
         self.minimum = minimum
+        self.limit = limit  # doubling never passes it (only a write larger than it does)
         self.data: torch.Tensor | None = None
 
     @property
@@ -31,6 +34,8 @@ class GrowableBuffer:
             capacity = -(-size // self.chunk) * self.chunk
         else:
             capacity = max(size, 2 * self.capacity, self.minimum)
+            if self.limit is not None:
+                capacity = max(size, min(capacity, self.limit))
         shape = list(like.shape)
         shape[self.axis] = capacity
         grown = like.new_empty(shape)
@@ -45,6 +50,14 @@ class GrowableBuffer:
         self.ensure(rows, end, keep=start)
         self.data.narrow(self.axis, start, rows.shape[self.axis]).copy_(rows)
         return self.view(end)
+
+    def drop_front(self, rows: int, filled: int) -> None:
+        """Forget the first `rows` of the `filled` ones: rows [rows, filled) move to [0, filled - rows)."""
+        kept = filled - rows
+        if rows <= 0 or kept <= 0 or self.data is None:
+            return
+        moved = self.data.narrow(self.axis, rows, kept).clone()  # source and destination may overlap
+        self.data.narrow(self.axis, 0, kept).copy_(moved)
 
     def view(self, length: int) -> torch.Tensor:
         return self.data.narrow(self.axis, 0, length)

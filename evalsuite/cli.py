@@ -41,30 +41,45 @@ def friendly_errors(func):
     return wrapper
 
 
+def _named_prefix(value: str, methods: list[str], separator: str) -> tuple[str, str] | None:
+    """(label, rest) when `value` starts with one of `methods` followed by `separator` (a label such as
+    eagle3:window=2048 holds '=' itself), the longest such label first."""
+    for name in sorted(methods, key=len, reverse=True):
+        if value.startswith(name + separator):
+            return name, value[len(name) + len(separator):]
+    return None
+
+
 def _parse_drafters(values: list[str], methods: list[str]) -> dict[str, str]:
-    """`--drafter PATH` (one learned method) or `--drafter method=PATH`; a key that names no learned method in
-    --method, or a second checkpoint for one method, is refused (never ignored for the shipped default)."""
+    """`--drafter PATH` (one learned method and its variants) or `--drafter METHOD=PATH`; a key that names no
+    learned method in --method (nor the base of a variant there), or a second checkpoint for one method, is
+    refused (never ignored for the shipped default)."""
     from evalsuite.catalog import METHODS, method_spec
 
-    for name in methods:
-        method_spec(name)  # an unknown name is a one-line error here
-    learned = [m for m in methods if METHODS[m].needs_checkpoint]
+    specs = {name: method_spec(name) for name in methods}  # an unknown name is a one-line error here
+    named = list(methods) + sorted({s.base for s in specs.values() if s.base} - set(methods))
+    learned = sorted({s.method for s in specs.values() if s.needs_checkpoint})
     found = {}
     for value in values:
-        if "=" in value and not Path(value).expanduser().exists():
-            method, path = (part.strip() for part in value.split("=", 1))
-            if method not in METHODS:
-                raise UserError(f"--drafter {value}: unknown method '{method}'; choose from: "
-                                f"{', '.join(sorted(m for m in METHODS if METHODS[m].needs_checkpoint))}")
-            if method not in methods:
+        labelled = None
+        if not Path(value).expanduser().exists():
+            labelled = _named_prefix(value, named, "=")
+            if labelled is None and "=" in value:
+                labelled = tuple(part.strip() for part in value.split("=", 1))
+        if labelled is not None:
+            method, path = labelled
+            if method not in named:
+                if method.partition(":")[0] not in METHODS:
+                    raise UserError(f"--drafter {value}: unknown method '{method}'; choose from: "
+                                    f"{', '.join(sorted(m for m in METHODS if METHODS[m].needs_checkpoint))}")
                 raise UserError(f"--drafter {value}: method {method} is not in --method {','.join(methods)}; "
                                 f"add it there or drop this --drafter")
-            if not METHODS[method].needs_checkpoint:
+            if not method_spec(method).needs_checkpoint:
                 raise UserError(f"--drafter {value}: method {method} takes no checkpoint")
             if not path:
                 raise UserError(f"--drafter {value}: give a checkpoint after '=' (a directory, an HF id or 'random')")
         elif len(learned) == 1:
-            method, path = learned[0], value
+            method, path = learned[0], value  # a variant of it takes it too (RunConfig.validate)
         elif not learned:
             raise UserError(f"--drafter {value}: none of --method {','.join(methods)} takes a checkpoint")
         else:
@@ -75,11 +90,13 @@ def _parse_drafters(values: list[str], methods: list[str]) -> dict[str, str]:
     return found
 
 
-def _parse_method_options(values: list[str]) -> dict[str, dict[str, str]]:
-    """`--method-option METHOD.KEY=VALUE` → {METHOD: {KEY: VALUE}}; RunConfig.validate checks and converts them."""
+def _parse_method_options(values: list[str], methods: list[str] = ()) -> dict[str, dict[str, str]]:
+    """`--method-option METHOD.KEY=VALUE` → {METHOD: {KEY: VALUE}}; METHOD may be a label of --method
+    (dspark:confidence_threshold=0.5.seed=1). RunConfig.validate checks and converts them."""
     found: dict[str, dict[str, str]] = {}
     for value in values:
-        name, _, setting = value.partition(".")
+        labelled = _named_prefix(value, list(methods), ".")
+        name, setting = labelled if labelled else value.partition(".")[::2]
         key, eq, raw = setting.partition("=")
         if not (name and key and eq):
             raise UserError(f"--method-option {value}: write METHOD.KEY=VALUE, e.g. suffix.max_depth=32")
@@ -186,13 +203,14 @@ def run(
         top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, limit=limit, seed=seed, resume=resume,
         replay=replay, context_policy=context_policy, max_turns=max_turns, enable_thinking=enable_thinking,
         data_path=data_path, subset=subset, format=data_format, warmup=warmup, repeats=repeats,
-        method_options=_parse_method_options(method_option), engine=engine,
+        method_options=_parse_method_options(method_option, methods), engine=engine,
         sample_ids=None if sample_ids is None else [s.strip() for s in sample_ids.split(",") if s.strip()],
         threads=threads, workers=workers, ray_address=ray_address, gpus_per_worker=gpus_per_worker,
         threads_per_worker=threads_per_worker,
         context_points=None if context_points is None else _parse_points(context_points),
     )
-    run_id = out_dir.name if out_dir else f"{task}-{'_'.join(methods)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    shown = "_".join(methods).replace(":", "-").replace("=", "")  # a label (eagle3:window=2048) as eagle3-window2048
+    run_id = out_dir.name if out_dir else f"{task}-{shown}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = out_dir or Path("results") / run_id
     config.out = str(run_dir)
     config.validate()  # every check before any heavy import: a typo costs milliseconds
@@ -334,10 +352,14 @@ def methods():
     table = Table(title="methods")
     table.add_column("name")
     table.add_column("needs a checkpoint")
+    table.add_column("settings (--method-option)")
     table.add_column("what it does")
     for spec in sorted(METHODS.values(), key=lambda m: m.name):
-        table.add_row(spec.name, "yes" if spec.needs_checkpoint else "no", spec.summary)
+        table.add_row(spec.name, "yes" if spec.needs_checkpoint else "no", ", ".join(sorted(spec.options)) or "–",
+                      spec.summary)
     out.print(table)
+    console.print("A label NAME:KEY=VALUE runs a variant beside its method, e.g. --method eagle3,eagle3:window=2048 "
+                  "(window: docs/methods.md §7).", highlight=False)
 
 
 @app.command()
@@ -476,7 +498,9 @@ def profile(
     if target and target_shape:
         raise UserError("give --target or --target-shape, not both")
     methods = [m.strip() for m in method.split(",") if m.strip()]
-    names = [m.partition(":")[0] for m in methods]
+    from evalsuite.catalog import method_spec
+
+    names = list(dict.fromkeys(method_spec(m).method for m in methods))  # a label profiles its base's drafter
     chosen = _parse_drafters(drafter, names) if drafter else {}
     options = _parse_method_options(method_option)
     batches, context_list = parse_sizes(batch, "batch"), parse_sizes(contexts, "contexts")
@@ -558,7 +582,7 @@ def concurrency(
         methods=methods, task=task, target=target, drafters=_parse_drafters(drafter, methods), device=device,
         dtype=dtype, k=k, temperature=temperature, max_new_tokens=max_new_tokens, limit=limit, seed=seed,
         replay=replay, context_policy=context_policy, max_turns=max_turns, data_path=data_path, subset=subset,
-        method_options=_parse_method_options(method_option), engine=engine,
+        method_options=_parse_method_options(method_option, methods), engine=engine,
         sample_ids=None if sample_ids is None else [s.strip() for s in sample_ids.split(",") if s.strip()],
         out=str(out_dir))
     if engine != "vllm":

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from evalsuite.catalog import METHODS, method_spec, suggest
+from evalsuite.catalog import METHODS, WINDOW_KEY, method_spec, suggest
 from evalsuite.conventions import BASELINE
 from evalsuite.errors import UserError
 
@@ -146,26 +146,38 @@ class RunConfig:
     def _check_methods(self) -> None:
         if not self.methods:
             raise UserError("--method: name at least one method")
-        for name in self.methods:
-            method_spec(name)
+        specs = {name: method_spec(name) for name in self.methods}
         repeated = sorted({m for m in self.methods if self.methods.count(m) > 1})
         if repeated:
             raise UserError(f"--method: {', '.join(repeated)} given more than once")
+        # a variant (label NAME:KEY=VALUE) takes its base's --drafter and --method-option unless given its own, so
+        # those may name the base even when only its variants run
+        named = set(self.methods) | {spec.base for spec in specs.values() if spec.base}
         for name, path in self.drafters.items():
             spec = method_spec(name)
-            if name not in self.methods:
+            if name not in named:
                 raise UserError(f"--drafter {name}={path}: method {name} is not in --method {','.join(self.methods)}; "
                                 "add it there or drop this --drafter")
             if not spec.needs_checkpoint:
                 raise UserError(f"--drafter {name}={path}: method {name} takes no checkpoint")
-        parsed = {}
-        for name, raw in self.method_options.items():
-            if name not in self.methods:
+        for name in self.method_options:
+            if name not in named:
                 raise UserError(f"--method-option {name}.…: method {name} is not in --method {','.join(self.methods)}")
-            parsed[name] = method_spec(name).parse_options(raw)
+        drafters, parsed = dict(self.drafters), {}
+        for name, spec in specs.items():
+            raw = dict(self.method_options.get(name, {}))
+            if spec.base:
+                inherited = {k: v for k, v in self.method_options.get(spec.base, {}).items() if k not in spec.presets}
+                raw = {**inherited, **raw}
+                if name not in drafters and spec.base in drafters:
+                    drafters[name] = drafters[spec.base]
+            options = spec.parse_options(raw)
+            if options:
+                parsed[name] = options
+        self.drafters = {m: path for m, path in drafters.items() if m in self.methods}
         self.method_options = parsed
         if self.repeats > 1:
-            learning = [m for m in self.methods if not METHODS[m].repeatable]
+            learning = [m for m in self.methods if not specs[m].repeatable]
             if learning:
                 raise UserError(f"--repeats {self.repeats}: method {learning[0]} learns from every reply it sees, so "
                                 "a repeated turn would not repeat the same work; use --repeats 1")
@@ -201,10 +213,14 @@ class RunConfig:
         if self.repeats > 1:
             raise UserError(f"--repeats {self.repeats}: --engine vllm decodes each turn once; use --repeats 1")
         for name in self.methods:
-            if METHODS[name].not_in_vllm:
+            spec = method_spec(name)
+            if spec.not_in_vllm:
                 runs = ", ".join(m for m in METHODS if not METHODS[m].not_in_vllm)
-                raise UserError(f"--engine vllm: method '{name}' is not available ({METHODS[name].not_in_vllm}); "
+                raise UserError(f"--engine vllm: method '{name}' is not available ({spec.not_in_vllm}); "
                                 f"vLLM runs {runs} (suffix needs arctic-inference in vLLM's venv)")
+            if spec.base or WINDOW_KEY in self.method_options.get(name, {}):
+                raise UserError(f"--engine vllm: method '{name}' with a label or a window: the draft window and "
+                                "method labels are evalsuite's own (docs/methods.md §7); use --engine hf")
 
     def _check_data_format(self) -> None:
         if self.format in (None, "auto"):

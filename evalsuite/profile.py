@@ -42,7 +42,7 @@ import torch
 
 from evalsuite import embedded
 from evalsuite.bundled import require_bundled
-from evalsuite.catalog import method_spec
+from evalsuite.catalog import WINDOW_KEY, method_spec
 from evalsuite.config import environment, portable_paths
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Method, Sampling, get_method
@@ -614,13 +614,10 @@ def build_drafters(target: TargetModel, methods: list[str], drafters: dict[str, 
     untrained drafter of the default size for this shape (`random`)."""
     built = []
     for spec_text in methods:
-        name, _, rest = spec_text.partition(":")
-        spec = method_spec(name)
+        name = method_spec(spec_text).method
         if name == "ar":
             continue
-        raw = dict(item.partition("=")[::2] for item in filter(None, rest.split(",")))
-        raw.update((method_options or {}).get(name, {}))
-        options = spec.parse_options(raw)
+        spec, options = method_spec(name), profile_options(spec_text, method_options)
         if spec.needs_checkpoint:
             source = drafters.get(name)
             if source is None:
@@ -630,6 +627,19 @@ def build_drafters(target: TargetModel, methods: list[str], drafters: dict[str, 
                 options["drafter"] = source
         built.append(Drafter(spec_text, name, options, get_method(name).factory(target, options)))
     return built
+
+
+def profile_options(label: str, method_options: dict[str, dict] | None) -> dict:
+    """A profiled method's settings: those of its label (`eagle3:format=specforge`, evalsuite.catalog) and its
+    base's --method-option. A draft window is refused: the batched drafters and the state model (bytes per
+    token) measure the whole-context cache."""
+    spec = method_spec(label)
+    raw = {k: v for k, v in (method_options or {}).get(spec.method, {}).items() if k not in spec.presets}
+    options = spec.parse_options(raw)
+    if WINDOW_KEY in options:
+        raise UserError(f"profile --method {label}: a draft window is not profiled (the batched drafters and the "
+                        "per-token state model assume the whole-context cache); profile without window")
+    return options
 
 
 def _feature_rows(target: TargetModel, method: Method, rows: int) -> torch.Tensor | None:
@@ -737,8 +747,7 @@ def run_profile(out: Path, target: str | None = None, target_shape: str | None =
     if warmup < 0 or repeats < 1:
         raise UserError("--warmup must be >= 0 and --repeats >= 1")
     for spec_text in methods or []:  # names and settings first: a typo costs milliseconds, not a model build
-        name, _, rest = spec_text.partition(":")
-        method_spec(name).parse_options(dict(item.partition("=")[::2] for item in filter(None, rest.split(","))))
+        profile_options(spec_text, method_options)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: exists and is not a directory")

@@ -41,6 +41,7 @@ def test_the_contracts_hold():
     ("store.py", "import torch", "need no torch"),
     ("spans.py", "from evalsuite.store import read_table", "Layers point down"),
     ("report/tables.py", "from evalsuite.target import TargetModel", "need no torch"),
+    ("train/data.py", "from evalsuite.train import mixture", "Training sources sit below their selection"),
 ])
 def test_a_planted_upward_import_breaks_a_contract(tmp_path, module, planted, contract):
     copy = copy_package(tmp_path)

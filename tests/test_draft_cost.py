@@ -39,6 +39,6 @@ def test_tiny_random_target_run_reports_history_and_working_state(draft_cost, ca
 
 
 def test_method_variants_parse(draft_cost):
-    assert draft_cost.parse_method("eagle3:format=specforge,draft_vocab_size=32000") == (
-        "eagle3:format=specforge,draft_vocab_size=32000", "eagle3",
+    assert draft_cost.parse_method("eagle3:format=specforge:draft_vocab_size=32000") == (
+        "eagle3:format=specforge:draft_vocab_size=32000", "eagle3",
         {"drafter": "random", "format": "specforge", "draft_vocab_size": 32000})

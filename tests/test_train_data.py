@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from evalsuite.train import data
+from evalsuite.train import data, mixture
 from evalsuite.tasks.base import TASKS, LoadOptions, get_task
 
 
@@ -49,7 +49,7 @@ def test_selection_drops_evaluation_prompts_and_keeps_clean_ones(tmp_path, heldo
             {"prompt": "Hi! " + " ".join(words[:13]) + " Thanks."},  # a 13-word span of an evaluation prompt
             {"messages": [{"role": "user", "content": clean}]}]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    selected = data.select_prompts([str(path)], heldout, data.PromptOptions(num_prompts=10))
+    selected = mixture.select_prompts([str(path)], heldout, data.PromptOptions(num_prompts=10))
     assert [c.messages[-1][1] for c in selected.conversations] == [clean]
     assert selected.stats["dropped_heldout"] == 2
 
@@ -58,7 +58,7 @@ def test_math_like_prompts_get_the_evaluation_format(tmp_path, heldout):
     path = tmp_path / "math.jsonl"
     path.write_text(json.dumps({"prompt": "A farmer has 12 cows and buys 7 more each week. How many cows after "
                                           "3 weeks?"}) + "\n")
-    selected = data.select_prompts([str(path)], heldout, data.PromptOptions(num_prompts=1))
+    selected = mixture.select_prompts([str(path)], heldout, data.PromptOptions(num_prompts=1))
     assert selected.conversations[0].messages[-1][1].endswith(data.MATH_SUFFIX)
 
 
@@ -69,8 +69,8 @@ def test_extra_math_prompts_come_after_an_unchanged_main_selection(tmp_path, hel
     math = [{"prompt": f"A shop sells {n} pens each day. How many pens does it sell in {n + 3} days?"}
             for n in range(2, 6)]
     path.write_text("".join(json.dumps(r) + "\n" for r in chat + math))
-    main = data.select_prompts([str(path)], heldout, data.PromptOptions(num_prompts=3))
-    more = data.select_prompts([str(path)], heldout, data.PromptOptions(num_prompts=3, extra_math_prompts=2))
+    main = mixture.select_prompts([str(path)], heldout, data.PromptOptions(num_prompts=3))
+    more = mixture.select_prompts([str(path)], heldout, data.PromptOptions(num_prompts=3, extra_math_prompts=2))
     assert more.conversations[:3] == main.conversations
     extra = more.conversations[3:]
     assert len(extra) == 2 and more.stats["extra_math"] == 2 and more.stats["main_selection"] == 3
@@ -86,7 +86,7 @@ def test_bad_training_records_are_one_line_errors(tmp_path):
     with pytest.raises(UserError, match="bad.jsonl:1"):
         data.load_jsonl_conversations(path)
     with pytest.raises(UserError, match="no such file"):
-        data.select_prompts([str(tmp_path / "missing.jsonl")], data.HeldOut(), data.PromptOptions())
+        mixture.select_prompts([str(tmp_path / "missing.jsonl")], data.HeldOut(), data.PromptOptions())
 
 
 def test_the_shipped_drafters_training_prompts_avoid_every_evaluation_sample(heldout):

@@ -100,7 +100,7 @@ def test_trajectory_records_need_ids_and_known_roles(tmp_path):
 def test_trajectory_contexts_end_before_an_assistant_reply_and_keep_tool_calls(tmp_path):
     rows = agent_rows("t", 5, tool_calls=True)
     path = write_jsonl(tmp_path / "tau.jsonl.gz", rows, compress=True)
-    selected = data.select_prompts([f"tau:{path}"], data.HeldOut(),
+    selected = mixture.select_prompts([f"tau:{path}"], data.HeldOut(),
                                    data.PromptOptions(num_prompts=12, max_context_tokens=100_000))
     by_id = {r["id"]: r["messages"] for r in rows}
     assert len(selected.conversations) == 12
@@ -118,7 +118,7 @@ def test_context_window_bounds_the_cut_points(tmp_path):
     path = write_jsonl(tmp_path / "swe.jsonl", agent_rows("s", 6, turns=10))
     options = data.PromptOptions(num_prompts=1000, min_context_tokens=600, max_context_tokens=1500,
                                  max_per_trajectory=20)
-    selected = data.select_prompts([str(path)], data.HeldOut(), options)
+    selected = mixture.select_prompts([str(path)], data.HeldOut(), options)
     sizes = [sum(len(text) for _, text in c.messages) for c in selected.conversations]
     assert sizes and min(sizes) >= 600 * mixture.CHARS_PER_TOKEN and max(sizes) <= 1500 * mixture.CHARS_PER_TOKEN
     assert selected.stats["exhausted"] == ["swe"]  # asked for more than there are: named, not silent
@@ -130,7 +130,7 @@ def test_max_trajectories_takes_every_cut_from_few_trajectories(tmp_path):
     path = write_jsonl(tmp_path / "swe.jsonl", agent_rows("s", 12, turns=10))
     options = data.PromptOptions(num_prompts=1000, min_context_tokens=100, max_context_tokens=10**6,
                                  max_per_trajectory=5, max_trajectories=3)
-    selected = data.select_prompts([f"swe:{path}"], data.HeldOut(), options)
+    selected = mixture.select_prompts([f"swe:{path}"], data.HeldOut(), options)
     by_trajectory: dict[str, list] = {}
     for c in selected.conversations:
         by_trajectory.setdefault(c.conv_id.rsplit("-m", 1)[0], []).append(c)
@@ -140,7 +140,7 @@ def test_max_trajectories_takes_every_cut_from_few_trajectories(tmp_path):
         cuts.sort(key=lambda c: len(c.messages))
         for shorter, longer in zip(cuts, cuts[1:]):
             assert longer.messages[:len(shorter.messages)] == shorter.messages
-    every = data.select_prompts([f"swe:{path}"], data.HeldOut(), data.PromptOptions(
+    every = mixture.select_prompts([f"swe:{path}"], data.HeldOut(), data.PromptOptions(
         num_prompts=1000, min_context_tokens=100, max_context_tokens=10**6, max_per_trajectory=5))
     assert len({c.conv_id.rsplit("-m", 1)[0] for c in every.conversations}) == 12
 
@@ -151,7 +151,7 @@ def test_mixture_proportions_follow_the_weights(tmp_path):
     swe = write_jsonl(tmp_path / "swe.jsonl", agent_rows("s", 200, turns=4, seed=2))
     tau = write_jsonl(tmp_path / "tau.jsonl", agent_rows("t", 200, turns=4, seed=3, tool_calls=True))
     n = 600
-    selected = data.select_prompts([f"chat:{chat}:0.3", f"swe:{swe}:0.5", f"tau:{tau}:0.2"], data.HeldOut(),
+    selected = mixture.select_prompts([f"chat:{chat}:0.3", f"swe:{swe}:0.5", f"tau:{tau}:0.2"], data.HeldOut(),
                                    data.PromptOptions(num_prompts=n, max_context_tokens=100_000))
     counts = {name: sum(c.source == name for c in selected.conversations) for name in ("chat", "swe", "tau")}
     assert sum(counts.values()) == n and not selected.stats["exhausted"]
@@ -160,9 +160,9 @@ def test_mixture_proportions_follow_the_weights(tmp_path):
         assert abs(counts[name] / n - weight) < 4 * sd, counts  # binomial: 4 sigma
         assert selected.stats["mixture"][name]["share"] == counts[name] / n
     # the same seed gives the same selection; another seed another one
-    again = data.select_prompts([f"chat:{chat}:0.3", f"swe:{swe}:0.5", f"tau:{tau}:0.2"], data.HeldOut(),
+    again = mixture.select_prompts([f"chat:{chat}:0.3", f"swe:{swe}:0.5", f"tau:{tau}:0.2"], data.HeldOut(),
                                 data.PromptOptions(num_prompts=n, max_context_tokens=100_000))
-    other = data.select_prompts([f"chat:{chat}:0.3", f"swe:{swe}:0.5", f"tau:{tau}:0.2"], data.HeldOut(),
+    other = mixture.select_prompts([f"chat:{chat}:0.3", f"swe:{swe}:0.5", f"tau:{tau}:0.2"], data.HeldOut(),
                                 data.PromptOptions(num_prompts=n, max_context_tokens=100_000, seed=1))
     assert again.conversations == selected.conversations != other.conversations
 
@@ -171,7 +171,7 @@ def test_sources_are_hashed(tmp_path):
     swe = write_jsonl(tmp_path / "swe.jsonl.gz", agent_rows("s", 3), compress=True)
     chat = write_jsonl(tmp_path / "chat.jsonl", chat_rows(5))
     for items in ([f"swe:{swe}:0.5", f"{chat}:0.5"], [str(chat)]):  # mixture and the plain chat path
-        selected = data.select_prompts(items, data.HeldOut(), data.PromptOptions(num_prompts=4,
+        selected = mixture.select_prompts(items, data.HeldOut(), data.PromptOptions(num_prompts=4,
                                                                                  max_context_tokens=100_000))
         for source in selected.stats["sources"]:
             path = swe if source["file"] == swe.name else chat
@@ -198,7 +198,7 @@ def test_trajectories_of_evaluation_samples_and_overlapping_contexts_are_dropped
     templated["messages"][0]["content"] = system_prompt  # the agent's system prompt alone is no sample's text
     rows.append(templated)
     path = write_jsonl(tmp_path / "swe.jsonl", rows)
-    selected = data.select_prompts([f"swe:{path}"], heldout,
+    selected = mixture.select_prompts([f"swe:{path}"], heldout,
                                    data.PromptOptions(num_prompts=100, max_context_tokens=100_000, max_per_trajectory=10))
     ids = {c.conv_id.removeprefix("swe-").rsplit("-m", 1)[0] for c in selected.conversations}
     assert eval_id not in ids and selected.stats["mixture"]["swe"]["dropped_heldout_id"] == 1
@@ -223,7 +223,7 @@ def test_boilerplate_common_to_training_trajectories_is_no_sample_text(tmp_path,
         row["messages"][3]["content"] += " " + common
     rows[3]["messages"][3]["content"] += " " + rare  # the rare one in one trajectory only
     path = write_jsonl(tmp_path / "swe.jsonl", rows)
-    selected = data.select_prompts([f"swe:{path}"], heldout,
+    selected = mixture.select_prompts([f"swe:{path}"], heldout,
                                    data.PromptOptions(num_prompts=100, max_context_tokens=100_000, max_per_trajectory=10))
     cuts = {}
     for conv in selected.conversations:

@@ -58,6 +58,8 @@ class BatchedKV(ContextKVCache):
 
     def load(self, caches: list[ContextKVCache]) -> None:
         """The K/V of B single-stream caches of equal length, stacked."""
+        if any(getattr(c, "window", None) for c in caches):
+            raise ValueError("batched drafting copies whole-context caches; a windowed drafter is not batched")
         length = caches[0].length
         if any(c.length != length for c in caches):
             raise ValueError("batched drafting needs streams of equal length")
@@ -340,6 +342,7 @@ class BatchedEagle3(BatchedDrafter):
         class _Single:  # DraftKVCache has the same buffers as a one-layer ContextKVCache
             def __init__(self, cache):
                 self.keys, self.values, self.length = [cache.keys], [cache.values], cache.length
+                self.window = cache.window
 
         self.cache.load([_Single(d.cache) for d in methods])
         self.hidden = torch.stack([d.hidden for d in methods])

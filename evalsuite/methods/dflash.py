@@ -99,8 +99,10 @@ def build_zlab(target, options: dict, source: str | None) -> ZLabDFlashMethod:
         model = materialize(lambda: FusedContextBackbone(cfg, len(ids)), target.device, target.dtype)
         init_random_(model, int(options.get("seed", RANDOM_SEED)))
         mask, how = default_mask_token_id(target)
-        return ZLabDFlashMethod(target, model, ZLAB_BLOCK, mask, ids,
-                                 {"weights": "random-init", "layers": ZLAB_LAYERS, "mask_token": how})
+        drafter = ZLabDFlashMethod(target, model, ZLAB_BLOCK, mask, ids,
+                                   {"weights": "random-init", "layers": ZLAB_LAYERS, "mask_token": how})
+        drafter.use_window(options.get("window"))
+        return drafter
     checkpoint = load_checkpoint(source, "dflash")
     who = f"dflash drafter {source}"
     block, mask, ids, num_target_layers = _zlab_settings(checkpoint.config, who)
@@ -113,6 +115,7 @@ def build_zlab(target, options: dict, source: str | None) -> ZLabDFlashMethod:
     drafter = ZLabDFlashMethod(target, model, block, mask, ids,
                                 {"weights": "checkpoint", "layers": cfg.num_hidden_layers})
     drafter.checkpoint_path, drafter.checkpoint_hash = str(checkpoint.path), checkpoint.sha256
+    drafter.use_window(options.get("window"))
     return drafter
 
 

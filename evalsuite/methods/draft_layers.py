@@ -13,7 +13,8 @@ Module attribute names reproduce the released checkpoints' key names (`layers.{i
 `hidden_norm.weight`), so a checkpoint loads without renaming.
 
 Also here: the growable draft KV cache of the context-keeping methods, and `ContextCacheMethod`, the
-draft/commit bookkeeping DFlash and DSpark share.
+draft/commit bookkeeping DFlash and DSpark share; with `window` W (docs/methods.md §7) the block reads only the
+W context rows before the anchor, at their absolute positions.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 from evalsuite.buffers import GrowableBuffer
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Method, DraftState, Proposal, common_prefix_len, tensor_bytes
+from evalsuite.methods.window import DraftRows
 
 INIT_STD = 0.02  # HF `initializer_range` default, used for random-init drafters
 
@@ -128,36 +130,50 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
-class ContextKVCache:
+class ContextKVCache(DraftRows):
     """Draft K/V of the context rows, per layer, in `GrowableBuffer`s [kv_heads, capacity, head_dim] that grow by
-    doubling.
+    doubling; rows sit at absolute positions [base, length) (`DraftRows`: base stays 0 without a window).
 
     A forward writes its new context rows *and* the block after the committed length, attends over all of it,
     and then `advance`s by the context rows only: the block's K/V are left as slack and overwritten next time,
-    which is the reference's "append, then crop(start)" without copying the cache every step."""
+    which is the reference's "append, then crop(start)" without copying the cache every step. Under a window the
+    block reads only the window's context rows before the anchor (`prepare`)."""
 
-    def __init__(self, num_layers: int):
+    def __init__(self, num_layers: int, window: int | None = None):
+        super().__init__(window)
         self.num_layers = num_layers
-        self.keys = [GrowableBuffer(axis=1) for _ in range(num_layers)]
-        self.values = [GrowableBuffer(axis=1) for _ in range(num_layers)]
-        self.length = 0
+        self.keys = [self.new_buffer(axis=1) for _ in range(num_layers)]
+        self.values = [self.new_buffer(axis=1) for _ in range(num_layers)]
+        self._read_from = 0  # index of the oldest row this forward's block reads
+
+    def buffers(self) -> list[GrowableBuffer]:
+        return self.keys + self.values
+
+    def prepare(self, context_rows: int, block_rows: int) -> None:
+        """Before a forward writes `context_rows` new context rows and `block_rows` block rows at `length`. Under
+        a window the block (anchor at length + context_rows) reads the window's context rows before the anchor:
+        older rows are never read again, so they may go to make room."""
+        newest = self.length + context_rows - 1  # the newest context row the block reads
+        self.make_room(context_rows + block_rows, self.oldest_read(newest))
+        self._read_from = self.read_from(newest)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """k, v: [kv_heads, t, head_dim] written at [length, length+t); returns the views [0, length+t)."""
-        return self.keys[layer].write(self.length, k), self.values[layer].write(self.length, v)
+        """k, v: [kv_heads, t, head_dim] written at positions [length, length+t); returns the rows the block reads
+        (all held rows up to length+t, from the window's oldest under a window)."""
+        keys, values = self.keys[layer].write(self.held, k), self.values[layer].write(self.held, v)
+        if self._read_from:
+            keys, values = keys[:, self._read_from:], values[:, self._read_from:]
+        return keys, values
 
     def advance(self, rows: int) -> None:
         self.length += rows
 
-    def crop(self, length: int) -> None:
-        self.length = min(self.length, length)
-
     def reset(self) -> None:
-        self.length = 0
+        self.restart(0)
 
     def nbytes(self) -> int:
-        """Bytes of the live K/V (the committed length; the doubling slack is not counted)."""
-        return sum(self.length * (k.row_bytes() + v.row_bytes()) for k, v in zip(self.keys, self.values))
+        """Bytes of the live K/V (the rows held; the doubling slack is not counted)."""
+        return self.held * self.nbytes_per_row()
 
 
 class BlockAttention(nn.Module):
@@ -225,6 +241,8 @@ class DraftBackbone(nn.Module):
         positions [c+q] RoPE ids for [context; block]. Returns the normed block outputs [q, H]."""
         cos, sin = self.rotary_emb(block[None], positions[None])
         cos, sin = cos[0], sin[0]
+        if cache is not None:
+            cache.prepare(context.shape[0], block.shape[0])
         x = block
         for i, layer in enumerate(self.layers):
             x = layer(x, context, cos, sin, cache, i)
@@ -237,6 +255,7 @@ class DraftBackbone(nn.Module):
         on the row itself (every layer projects the same fused features, never its own hidden state), so this
         is what a block forward would have stored for them."""
         cos, sin = self.rotary_emb(context[None], positions[None])
+        cache.prepare(context.shape[0], 0)
         for i, layer in enumerate(self.layers):
             cache.write(i, *layer.self_attn.key_values(context, cos[0], sin[0]))
         cache.advance(context.shape[0])
@@ -334,12 +353,20 @@ class ContextCacheMethod(Method):
         self.mask_token_id = mask_token_id
         self.feature_layers = tuple(feature_layers)
         self.device = device
+        self.window: int | None = None  # --method-option METHOD.window (docs/methods.md §7)
         self.cache = ContextKVCache(len(model.layers))
         self.ids = torch.empty(0, dtype=torch.long, device=device)  # the context, anchor last
         self.pending: torch.Tensor | None = None  # [m, S, H] features of positions cache.length … anchor_pos-1
         self.anchor = 0
         self.anchor_pos = 0
         self.last_block_bytes = 0
+
+    def use_window(self, window: int | None) -> None:
+        """The block reads only the last `window` context rows before the anchor (and itself); the cache keeps at
+        most window + SLACK rows. None = the whole context. Set before the first turn."""
+        self.window = window
+        self.cache = ContextKVCache(len(self.model.layers), window)
+        self.ids = self.ids[:0]
 
     @torch.inference_mode()
     def start_turn(self, ids: torch.Tensor, features: torch.Tensor | None) -> None:
@@ -350,15 +377,21 @@ class ContextCacheMethod(Method):
         # Rows whose context prefix is unchanged since the last turn keep their K/V (a context row's K/V depend
         # only on its own target features, which depend only on the tokens up to it), as a serving engine's
         # prefix cache would; only the rest is prefilled.
+        # Under a window the first block reads back to `needed` only, so older rows are neither kept nor built.
         kept = min(common_prefix_len(self.ids, ids[:-1]), self.cache.length)
-        self.cache.crop(kept)
+        needed = self.cache.oldest_read(ids.numel() - 2)
+        if self.cache.covers(kept, needed):
+            self.cache.crop(kept)
+        else:
+            self.cache.restart(needed)
+        start = self.cache.length
         self.pending = None
         self.ids = ids.detach().clone()
         self.anchor = int(ids[-1])
         self.anchor_pos = ids.numel() - 1
-        if self.anchor_pos > kept:
-            context = self.model.fuse(features[kept:].to(self.model.norm.weight.dtype))
-            self.model.extend_cache(context, torch.arange(kept, self.anchor_pos, device=self.device), self.cache)
+        if self.anchor_pos > start:
+            context = self.model.fuse(features[start:].to(self.model.norm.weight.dtype))
+            self.model.extend_cache(context, torch.arange(start, self.anchor_pos, device=self.device), self.cache)
 
     def commit(self, new_ids: torch.Tensor, new_features: torch.Tensor | None) -> None:
         if new_features is None or new_features.shape[0] != new_ids.numel():
@@ -385,8 +418,12 @@ class ContextCacheMethod(Method):
         self.last_block_bytes = tensor_bytes(block, out)
         return out
 
+    def describe(self) -> dict:
+        return {**super().describe(), "window": self.window}
+
     def state_bytes(self) -> DraftState:
-        # history: the draft K/V over the whole context (+ feature rows not yet absorbed); working: the block.
+        # history: the draft K/V held, over the whole context or the window (+ feature rows not yet absorbed);
+        # working: the block.
         return DraftState(history=self.cache.nbytes() + tensor_bytes(self.pending), working=self.last_block_bytes)
 
 

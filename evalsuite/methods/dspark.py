@@ -243,6 +243,7 @@ def build_deepspec(target, options: dict, method: str, drafter_class: type[DeepS
     drafter = drafter_class(target, model, layout, threshold, provenance)
     if source is not None:
         drafter.checkpoint_path, drafter.checkpoint_hash = str(checkpoint.path), checkpoint.sha256
+    drafter.use_window(options.get("window"))  # checked by evalsuite.catalog
     return drafter
 
 

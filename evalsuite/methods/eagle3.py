@@ -26,6 +26,9 @@ the bonus token.
 Only the newest entry's output is ever read (the reference discards the others too), and with a single
 layer a cache entry depends on its own inputs alone, so an extend computes keys/values for every new entry
 but the attention and MLP for the newest one only.
+
+With `window` W (docs/methods.md §7) each query entry at position p sees the entries p-W+1 … p only, at their
+absolute rope positions; the cache builds and keeps only those (`evalsuite.methods.window`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from evalsuite.buffers import GrowableBuffer
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Method, DraftState, Proposal, Sampling, common_prefix_len, tensor_bytes
 from evalsuite.methods.checkpoints import check_fit, drafter_source, load_checkpoint, load_weights
+from evalsuite.methods.window import DraftRows
 from evalsuite.methods.draft_layers import (RMSNorm, SwiGLU, choose_token, evenly_spaced_zlab, init_random_,
                                             full_attention_rope, materialize, qwen3_config, rotate)
 
@@ -188,30 +192,34 @@ def spec_for_target(target, fmt: str, draft_vocab_size: int | None = None) -> Ea
 
 
 # ---- modules --------------------------------------------------------------------------------------------------
-class DraftKVCache:
-    """Keys and values of the one draft layer, [kv_heads, length, head_dim], in `GrowableBuffer`s that grow by
-    doubling (256 entries first)."""
+class DraftKVCache(DraftRows):
+    """Keys and values of the one draft layer, [kv_heads, rows, head_dim], in `GrowableBuffer`s that grow by
+    doubling (256 entries first). Entry rows sit at absolute positions [base, length) (`DraftRows`): base stays
+    0 unless a window lets the oldest entries go."""
 
-    def __init__(self, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device, capacity: int = 256):
-        self.keys = GrowableBuffer(axis=1, minimum=capacity)
-        self.values = GrowableBuffer(axis=1, minimum=capacity)
+    def __init__(self, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device, capacity: int = 256,
+                 window: int | None = None):
+        super().__init__(window)
+        self.keys = self.new_buffer(axis=1, minimum=capacity)
+        self.values = self.new_buffer(axis=1, minimum=capacity)
         self._entry_bytes = 2 * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
-        self.length = 0
+        self.keep_from = 0  # set by the owner: entries before this position are never read again
+
+    def buffers(self) -> list[GrowableBuffer]:
+        return [self.keys, self.values]
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """keys/values [q, kv_heads, head_dim]; returns the whole cache after the append."""
-        start, self.length = self.length, self.length + keys.shape[0]
+        """keys/values [q, kv_heads, head_dim]; returns every held entry after the append."""
+        self.make_room(keys.shape[0], self.keep_from)
+        start, self.length = self.held, self.length + keys.shape[0]
         return self.keys.write(start, keys.transpose(0, 1)), self.values.write(start, values.transpose(0, 1))
-
-    def crop(self, length: int) -> None:
-        self.length = min(self.length, length)
 
     def entry_bytes(self) -> int:
         return self._entry_bytes
 
     def nbytes(self) -> int:
         """Bytes of the entries held (what a concatenating cache such as the reference's DynamicCache holds)."""
-        return self.length * self.entry_bytes()
+        return self.held * self.entry_bytes()
 
 
 class Eagle3Attention(nn.Module):
@@ -245,11 +253,17 @@ class Eagle3Attention(nn.Module):
         keys = rotate(keys, cos, sin)
         query = rotate(query, cos[q_len - queries:], sin[q_len - queries:])
         all_keys, all_values = cache.append(keys, values)
+        start = cache.read_from(cache.length - queries)  # a window: the oldest entry the first query sees
+        if start:
+            all_keys, all_values = all_keys[:, start:], all_values[:, start:]
         mask = None
         if queries > 1:
             total = all_keys.shape[1]
             rows = torch.arange(total - queries, total, device=x.device)[:, None]
-            mask = torch.arange(total, device=x.device)[None, :] <= rows
+            columns = torch.arange(total, device=x.device)[None, :]
+            mask = columns <= rows
+            if cache.window is not None:  # each query sees itself and the window - 1 entries before it
+                mask &= columns > rows - cache.window
         out = F.scaled_dot_product_attention(query.transpose(0, 1)[None], all_keys[None], all_values[None],
                                              attn_mask=mask, scale=self.head_dim ** -0.5,
                                              enable_gqa=self.heads != self.kv_heads)
@@ -364,13 +378,31 @@ class Eagle3Method(Method):
         self.checkpoint_hash = checkpoint_hash
         self.target_ids = model.draft_to_target()
         self.target_id_list: list[int] = self.target_ids.tolist()  # host copy: no device sync per drafted token
-        self.cache = DraftKVCache(self.spec.num_key_value_heads, self.spec.head_dim, self.dtype, self.device)
+        self.window: int | None = None  # --method-option eagle3.window (docs/methods.md §7)
+        self.cache = self._new_cache()
         self.hidden: torch.Tensor | None = None  # un-normed output of the newest cache entry [1, H]
         self.ids = torch.empty(0, dtype=torch.long, device=self.device)  # the context, anchor last
         self.length_before_proposal = 0
         self.working_bytes = 0
 
     # -- cache maintenance --
+    def _new_cache(self) -> DraftKVCache:
+        return DraftKVCache(self.spec.num_key_value_heads, self.spec.head_dim, self.dtype, self.device,
+                            window=self.window)
+
+    def use_window(self, window: int | None) -> None:
+        """Attend to the last `window` cache entries only (each query sees itself and window - 1 entries before
+        it) and keep at most window + SLACK of them; None = the whole context. Set before the first turn."""
+        self.window = window
+        self.cache = self._new_cache()
+        self.ids = self.ids[:0]
+
+    def _settled(self) -> None:
+        """After a start or a commit: the length a proposal starts from and rolls back to; entries older than the
+        window of its first query are never read again."""
+        self.length_before_proposal = self.cache.length
+        self.cache.keep_from = self.cache.oldest_read(self.cache.length)
+
     def _extend(self, features: torch.Tensor, tokens: torch.Tensor) -> None:
         """Append pairs (features[i], tokens[i]) at the next rope positions; keep the newest output."""
         if tokens.numel() == 0:
@@ -387,12 +419,19 @@ class Eagle3Method(Method):
         # Entry i pairs feature i with token i+1, and its K/V depend on nothing else (one layer), so entries whose
         # tokens up to i+1 are unchanged since the last turn are kept, as a serving engine's prefix cache would.
         # The last entry is always recomputed: its output is the hidden state the first proposal starts from.
+        # Under a window the newest entry reads back to `needed` only, so older entries are neither kept nor built.
         kept = max(min(common_prefix_len(self.ids, ids) - 1, self.cache.length, ids.numel() - 2), 0)
-        self.cache.crop(kept)
+        needed = self.cache.oldest_read(ids.numel() - 2)
+        if self.cache.covers(kept, needed):
+            self.cache.crop(kept)
+        else:
+            self.cache.restart(needed)
+        self.cache.keep_from = needed
         self.hidden = None
         self.ids = ids.detach().clone()
-        self._extend(features[kept:], ids[kept + 1:])
-        self.length_before_proposal = self.cache.length
+        start = self.cache.length
+        self._extend(features[start:], ids[start + 1:])
+        self._settled()
 
     @torch.inference_mode()
     def commit(self, new_ids: torch.Tensor, new_features: torch.Tensor | None) -> None:
@@ -401,7 +440,7 @@ class Eagle3Method(Method):
         self.cache.crop(self.length_before_proposal)
         self._extend(new_features, new_ids)
         self.ids = torch.cat([self.ids, new_ids.to(self.ids.device)])
-        self.length_before_proposal = self.cache.length
+        self._settled()
 
     # -- drafting --
     @torch.inference_mode()
@@ -429,7 +468,7 @@ class Eagle3Method(Method):
         return Proposal(tokens=ids, probs=torch.stack(probs) if probs else None)
 
     def state_bytes(self) -> DraftState:
-        # history: the draft KV of every context entry; working: the carried hidden, the proposal's transient
+        # history: the draft KV of every context entry held (under a window at most window + SLACK); working: the carried hidden, the proposal's transient
         # cache entries and, when sampling, the [k, V] proposal distributions.
         return DraftState(history=self.cache.nbytes(), working=self.working_bytes)
 
@@ -438,7 +477,7 @@ class Eagle3Method(Method):
         return {**super().describe(), "format": spec.architecture, "weights": self.weights,
                 "embed_tokens": self.embed_source, "hidden_size": spec.hidden_size,
                 "intermediate_size": spec.intermediate_size, "draft_vocab_size": spec.draft_vocab_size,
-                "qk_norm": spec.qk_norm}
+                "qk_norm": spec.qk_norm, "window": self.window}
 
 
 # ---- building -------------------------------------------------------------------------------------------------
@@ -506,7 +545,10 @@ def random_drafter(target, fmt: str = "deepspec", seed: int = 0, draft_vocab_siz
 def build(target, options: dict) -> Method:
     source = drafter_source(METHOD, options, target)
     if source is not None:
-        return load_drafter(target, source)
-    vocab = options.get("draft_vocab_size")
-    return random_drafter(target, str(options.get("format", "deepspec")), int(options.get("seed", 0)),
-                          int(vocab) if vocab else None)
+        drafter = load_drafter(target, source)
+    else:
+        vocab = options.get("draft_vocab_size")
+        drafter = random_drafter(target, str(options.get("format", "deepspec")), int(options.get("seed", 0)),
+                                 int(vocab) if vocab else None)
+    drafter.use_window(options.get("window"))
+    return drafter

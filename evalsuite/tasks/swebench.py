@@ -90,15 +90,6 @@ def _file_records(path: Path) -> list[tuple[str, str, object]]:
     return [(where, str(i), row) for i, (where, row) in enumerate(rows)]  # a row without an id: its index
 
 
-def trajectory_from_file(path: Path, fmt: str | None = None) -> Trajectory:
-    """A mini-swe-agent `.traj.json`, a SWE-agent `.traj`, or any one-trajectory file of a known format."""
-    records = _file_records(path)
-    if len(records) != 1:
-        raise UserError(f"{path}: expected one trajectory, found {len(records)} records")
-    where, name, record = records[0]
-    return convert(record, where, name, fmt)
-
-
 def _load_path(path: Path, fmt: str | None) -> list[Trajectory]:
     if path.is_dir():
         files = _traj_files(path) or _data_files(path)

