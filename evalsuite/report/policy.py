@@ -1,0 +1,186 @@
+"""A speculation policy, measured: which method (or no drafting at all) to use per context bin of a task, and
+what switching by context buys over the best fixed method, scored on held-out trajectories.
+
+Deployers ask for exactly this switch (speculate at short contexts, stop or change method at long ones: vLLM
+issues #47602, #54691); the records hold everything needed to measure it, since every method decoded the same
+turns.
+
+- Candidates: every drafting method of the task and "no drafting" (`ar`: speedup 1 by construction). A turn is
+  used when every candidate decoded it paired with `ar` (complete cases; the rest are counted).
+- Context bins: the task's turn-context bins (`breakeven.turn_bins`, the bins of the τ/speedup table).
+- Choosing (on a set of trajectories): the fixed choice is the candidate with the highest pooled speedup
+  (`metrics.speedup_ratio` over the set's turns); the context policy takes, in each bin, the candidate with the
+  highest pooled speedup over the set's turns in that bin (the fixed choice where the set has none there).
+- Held out (two-fold cross-fitting): the task's trajectories are ordered by sha256 of (seed, "policy", task,
+  trajectory) and split into two halves; the choices made on one half are scored on the other, and both halves'
+  scores pooled, so no turn is scored by a choice its own trajectory helped make.
+- Scores: the pooled speedup over `ar` of the policy and of the fixed choice on the held-out turns, and their
+  ratio (the gain of switching); 95 % intervals by a paired cluster bootstrap over trajectories with the choices
+  held fixed (they were made on the other half).
+
+Pure functions of the turns table (no model, no torch).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pandas as pd
+
+from evalsuite import metrics
+from evalsuite.conventions import BASELINE
+from evalsuite.report import breakeven, stats
+
+NO_DRAFTING = BASELINE
+POLICY_CONVENTION = (
+    "speculation policy: candidates = each drafting method and no drafting (`ar`); per context bin of the task "
+    "(the τ/speedup table's bins) the candidate with the highest pooled decode speedup on the choosing half; the "
+    "fixed choice = the candidate with the highest pooled speedup on the choosing half over all bins; held out by "
+    "two-fold cross-fitting: trajectories ordered by sha256(seed, 'policy', task, trajectory) and halved, each "
+    "half's choices scored on the other half, the two scores pooled; gain = policy speedup / fixed-choice speedup "
+    "on the same held-out turns; 95 % intervals by a paired cluster bootstrap over trajectories, the choices held "
+    "fixed; only turns every candidate decoded (paired with `ar`) are used")
+POLICY_COLUMNS = ["task", "n_trajectories", "n_turns", "n_bins", "split_seed", "fixed_choices", "policy_speedup",
+                  "policy_speedup_lo", "policy_speedup_hi", "fixed_speedup", "fixed_speedup_lo", "fixed_speedup_hi",
+                  "gain", "gain_lo", "gain_hi", "switches", "dropped_turns"]
+CHOICE_COLUMNS = ["task", "context_lo", "context_hi", "n_trajectories", "n_turns", "best", "best_speedup",
+                  "best_speedup_lo", "best_speedup_hi", "runner_up", "runner_up_speedup"]
+
+
+def complete_cases(turns: pd.DataFrame, max_bins: int = 6) -> tuple[pd.DataFrame, int]:
+    """(one row per (run, task, sample_id, turn, candidate) with decode_s, new_tokens, ar_decode_s,
+    ar_new_tokens, bin, context_lo/hi, trajectory; the number of turns dropped because a candidate lacks them)."""
+    pairs = metrics.paired(turns)
+    if pairs.empty:
+        return pd.DataFrame(), 0
+    bins = breakeven.turn_bins(turns, max_bins)
+    keys = ["run", "task", "sample_id", "turn"]
+    rows = pairs[keys + ["method", "decode_s", "new_tokens", "ar_decode_s", "ar_new_tokens"]].copy()
+    if BASELINE not in set(rows.method):  # no drafting: the paired AR measurement of each turn
+        ar = rows.drop_duplicates(keys).assign(method=BASELINE)
+        ar["decode_s"], ar["new_tokens"] = ar.ar_decode_s, ar.ar_new_tokens
+        rows = pd.concat([rows, ar], ignore_index=True)
+    rows = rows.merge(bins[keys + ["bin", "context_lo", "context_hi"]], on=keys, how="inner")
+    dropped = 0
+    kept = []
+    for _, task_rows in rows.groupby("task", sort=False):
+        wanted = task_rows.method.nunique()
+        counts = task_rows.groupby(keys[:1] + keys[2:]).method.transform("nunique")
+        complete = task_rows[counts == wanted]
+        dropped += int(task_rows[counts < wanted].drop_duplicates(keys).shape[0])
+        kept.append(complete)
+    rows = pd.concat(kept, ignore_index=True) if kept else rows.iloc[:0]
+    rows["trajectory"] = stats.trajectory_keys(rows) if len(rows) else pd.Series(dtype=str)
+    return rows, dropped
+
+
+def _pooled(cell: pd.DataFrame) -> float:
+    return float(metrics.speedup_ratio(cell.ar_decode_s.sum(), cell.ar_new_tokens.sum(), cell.decode_s.sum(),
+                                       cell.new_tokens.sum())) if len(cell) else float("nan")
+
+
+def choose(rows: pd.DataFrame) -> tuple[str, dict[int, str]]:
+    """(the fixed choice, {bin: choice}) from the candidate rows of one task's choosing set. Ties go to the
+    candidate first in name order, no drafting (`ar`) first of all (it costs nothing to deploy)."""
+    def best(cell: pd.DataFrame) -> str:
+        scores = {m: _pooled(c) for m, c in cell.groupby("method", sort=False)}
+        order = sorted(scores, key=lambda m: (-(scores[m] if np.isfinite(scores[m]) else -np.inf), m != BASELINE, m))
+        return order[0]
+
+    fixed = best(rows)
+    return fixed, {int(b): best(cell) for b, cell in rows.groupby("bin")}
+
+
+def halves(trajectories, seed: int, task: str) -> tuple[list[str], list[str]]:
+    """The two halves of a task's trajectories: ordered by sha256(seed, 'policy', task, trajectory), cut in the
+    middle (the first half gets the odd one)."""
+    ordered = sorted(set(trajectories),
+                     key=lambda t: hashlib.sha256(f"{seed}\0policy\0{task}\0{t}".encode()).hexdigest())
+    cut = (len(ordered) + 1) // 2
+    return ordered[:cut], ordered[cut:]
+
+
+def _chosen(rows: pd.DataFrame, fixed: str, per_bin: dict[int, str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the policy's rows, the fixed choice's rows) of a scoring set: one row per turn."""
+    pick = rows.bin.map(lambda b: per_bin.get(int(b), fixed))
+    return rows[rows.method == pick], rows[rows.method == fixed]
+
+
+def _gain_from_sums(sums: np.ndarray) -> np.ndarray:
+    """sums[..., :] = (ar s, ar tokens, policy s, policy tokens, fixed s, fixed tokens)."""
+    policy = metrics.speedup_ratio(sums[..., 0], sums[..., 1], sums[..., 2], sums[..., 3])
+    fixed = metrics.speedup_ratio(sums[..., 0], sums[..., 1], sums[..., 4], sums[..., 5])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.stack([np.asarray(policy, float), np.asarray(fixed, float),
+                         np.asarray(policy, float) / np.asarray(fixed, float)], axis=-1)
+
+
+def evaluate_policy(turns: pd.DataFrame, seed: int = 0, n_resamples: int = stats.DEFAULT_RESAMPLES,
+                    max_bins: int = 6) -> pd.DataFrame:
+    """Per task: the held-out speedup of the context policy, of the best fixed choice, and the gain
+    (POLICY_COLUMNS; POLICY_CONVENTION)."""
+    rows, dropped_all = complete_cases(turns, max_bins)
+    out = []
+    if rows.empty:
+        return pd.DataFrame(columns=POLICY_COLUMNS)
+    for task, task_rows in rows.groupby("task", sort=False):
+        first, second = halves(task_rows.trajectory, seed, task)
+        scored, fixed_names, switches = [], [], 0
+        for choose_on, score_on in ((first, second), (second, first)):
+            if not choose_on or not score_on:
+                continue
+            fixed, per_bin = choose(task_rows[task_rows.trajectory.isin(choose_on)])
+            fixed_names.append(fixed)
+            switches += sum(1 for choice in per_bin.values() if choice != fixed)
+            test = task_rows[task_rows.trajectory.isin(score_on)]
+            policy_rows, fixed_rows = _chosen(test, fixed, per_bin)
+            scored.append((policy_rows, fixed_rows))
+        if not scored:
+            continue
+        policy_rows = pd.concat([p for p, _ in scored], ignore_index=True)
+        fixed_rows = pd.concat([f for _, f in scored], ignore_index=True)
+        columns = ["ar_decode_s", "ar_new_tokens", "decode_s", "new_tokens"]
+        per_policy = policy_rows.groupby("trajectory")[columns].sum()
+        per_fixed = fixed_rows.groupby("trajectory")[columns].sum().reindex(per_policy.index)
+        sums = np.column_stack([per_policy.to_numpy(float), per_fixed[["decode_s", "new_tokens"]].to_numpy(float)])
+        point = _gain_from_sums(sums.sum(axis=0))
+        low = high = np.full(3, np.nan)
+        if len(sums) >= stats.MIN_INTERVAL_TRAJECTORIES:
+            low, high = stats.bootstrap_ci(sums, _gain_from_sums, stats.cell_seed(seed, "policy", task), n_resamples)
+        out.append({"task": task, "n_trajectories": len(sums), "n_turns": len(policy_rows),
+                    "n_bins": int(task_rows.bin.nunique()), "split_seed": seed,
+                    "fixed_choices": " / ".join(fixed_names), "policy_speedup": point[0],
+                    "policy_speedup_lo": low[0], "policy_speedup_hi": high[0], "fixed_speedup": point[1],
+                    "fixed_speedup_lo": low[1], "fixed_speedup_hi": high[1], "gain": point[2], "gain_lo": low[2],
+                    "gain_hi": high[2], "switches": switches, "dropped_turns": dropped_all})
+    return pd.DataFrame(out, columns=POLICY_COLUMNS)
+
+
+def best_choices(turns: pd.DataFrame, seed: int = 0, n_resamples: int = stats.DEFAULT_RESAMPLES,
+                 max_bins: int = 6) -> pd.DataFrame:
+    """Per (task, context bin), over all trajectories (in-sample, the map a policy is read from): the best
+    candidate and its pooled speedup with a trajectory-bootstrap interval, and the runner-up (CHOICE_COLUMNS)."""
+    rows, _ = complete_cases(turns, max_bins)
+    out = []
+    if rows.empty:
+        return pd.DataFrame(columns=CHOICE_COLUMNS)
+    for (task, b), cell in rows.groupby(["task", "bin"], sort=False):
+        scores = {m: _pooled(c) for m, c in cell.groupby("method", sort=False)}
+        order = sorted(scores, key=lambda m: (-(scores[m] if np.isfinite(scores[m]) else -np.inf), m != BASELINE, m))
+        best = cell[cell.method == order[0]]
+        sums = best.groupby("trajectory")[["ar_decode_s", "ar_new_tokens", "decode_s", "new_tokens"]].sum()
+        low = high = np.nan
+        if len(sums) >= stats.MIN_INTERVAL_TRAJECTORIES and len(best) >= stats.MIN_INTERVAL_TURNS \
+                and order[0] != BASELINE:
+            low, high = stats.bootstrap_ci(sums.to_numpy(float), stats.speedup_from_sums,
+                                           stats.cell_seed(seed, "choice", task, b), n_resamples)
+        out.append({"task": task, "context_lo": int(cell.context_lo.iloc[0]), "context_hi": int(cell.context_hi.iloc[0]),
+                    "n_trajectories": int(cell.trajectory.nunique()), "n_turns": int(len(best)), "best": order[0],
+                    "best_speedup": scores[order[0]], "best_speedup_lo": float(low), "best_speedup_hi": float(high),
+                    "runner_up": order[1] if len(order) > 1 else "",
+                    "runner_up_speedup": scores[order[1]] if len(order) > 1 else np.nan})
+    table = pd.DataFrame(out, columns=CHOICE_COLUMNS)
+    order = {task: i for i, task in enumerate(dict.fromkeys(turns.task))}
+    return table.sort_values(["task", "context_lo"], key=lambda c: c.map(order) if c.name == "task" else c,
+                             kind="stable", ignore_index=True)
