@@ -109,7 +109,7 @@ def write_report(paths: list[Path], out: Path, formats: set[str] = frozenset(FOR
     headline = [Box("verdict", "Verdict", [f"**{r.task}: {r.label}.** {r.sentence}"
                                            for r in verdict_lines.itertuples()]),
                 *headline_paragraphs(results, summary, speed, ranks, overall, noise_cells),
-                *headline_tables(summary, results.methods, results.tasks, ranks),
+                *headline_tables(summary, results.methods, results.tasks, ranks, e2e),
                 end_to_end_table(e2e), baseline_table(summary, turns, results.tasks)]
     sections = [
         Section("headline", "Headline", headline),
@@ -472,6 +472,12 @@ def _write(path: Path, text: str) -> Path:
 def noise_table_of(cells: pd.DataFrame) -> Table | None:
     if cells.empty:
         return None
+    unmeasured = cells.groupby("task", sort=False).n_turns_measured.transform("sum") == 0
+    if unmeasured.any():  # a task with no measured turn: one row for all its methods
+        collapsed = cells[unmeasured].groupby(["task", "repeats", "status"], sort=False).agg(
+            n_turns=("n_turns", "max"), n_turns_measured=("n_turns_measured", "sum")).reset_index()
+        collapsed = collapsed.assign(method="every method", median_cv=float("nan"), p90_cv=float("nan"))
+        cells = pd.concat([collapsed[cells.columns], cells[~unmeasured]], ignore_index=True)
     rows = [[Cell(r.task), Cell(r.method), Cell(r.repeats), Cell(f"{int(r.n_turns_measured)} / {int(r.n_turns)}"),
              Cell(f"{100 * r.median_cv:.1f} %" if pd.notna(r.median_cv) else "–"),
              Cell(f"{100 * r.p90_cv:.1f} %" if pd.notna(r.p90_cv) else "–"), Cell(r.status)]
@@ -491,7 +497,7 @@ def _surfaces(results: Results, directories: list[Path], analytic: bool):
         cost = regime.load_cost(directory)
         same = str((cost.run.get("environment") or {}).get("device_name")) in devices and len(devices) == 1 and \
             str(cost.run.get("target")) in targets
-        surface = hardware.from_profile(cost, runs, same, name=f"profile {Path(directory).name} "
+        surface = hardware.from_profile(cost, runs, same, name=f"profile {display_path(directory)} "
                                                               f"({(cost.run.get('environment') or {}).get('device_name')})")
         surfaces.append(surface)
         notes.append(f"{surface.name}: measured by `evalsuite profile` (random weights, costs only), "

@@ -38,7 +38,7 @@ from evalsuite.report import regime
 
 HARDWARE_COLUMNS = ["task", "method", "surface", "kind", "k", "context_median", "decode_ms", "verify_ms", "draft_ms",
                     "verify_ratio", "draft_ratio", "tau_break_even", "tau", "speedup_projected", "speedup_measured",
-                    "validation_error", "validated_cells"]
+                    "validation_error", "validated_cells", "same_machine"]
 HARDWARE_CONVENTION = (
     "τ* = verify/decode + draft/decode on each surface at batch 1, at the method's block of k+1 and the task's median "
     "step context (verify ratio: the target's; draft ratio: the drafter's own cost); projected speedup = "
@@ -187,5 +187,6 @@ def projections(steps: pd.DataFrame, turns: pd.DataFrame, surfaces: list[Surface
                          "speedup_measured": metrics.speedup(turns[(turns.task == task) & (turns.method == method)]),
                          "validation_error": float(mine.abs_error.median()) if mine is not None and len(mine)
                          else np.nan,
-                         "validated_cells": int(len(mine)) if mine is not None else 0})
+                         "validated_cells": int(len(mine)) if mine is not None else 0,
+                         "same_machine": surface.validation is not None})
     return pd.DataFrame(rows, columns=HARDWARE_COLUMNS)

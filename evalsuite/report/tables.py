@@ -226,12 +226,14 @@ def _drafting_methods(methods: list[str]) -> list[str]:
 
 # ---- the headline: Table 1 with τ and speedup per task, one block per temperature -----------------------------
 def headline_tables(summary: pd.DataFrame, methods: list[str], tasks: list[str],
-                    ranks: pd.DataFrame | None = None) -> list[Table]:
+                    ranks: pd.DataFrame | None = None, e2e: pd.DataFrame | None = None) -> list[Table]:
     """Paper-style Table 1: rows = drafting methods, per task τ and speedup side by side, then the Mean over tasks;
     one table per temperature. Each task's header says its n; a cell whose n differs prints its own. `ranks`
     (`decisions.rank_methods` for "tau" and "speedup", stacked) decides bold and ties; without it nothing is
-    marked."""
+    marked. `e2e` (`telemetry.end_to_end`) adds an end-to-end (turn-latency) speedup beside each decode-only one."""
     tables = []
+    width = 3 if e2e is not None and len(e2e) else 2
+    latency = {(r.method, r.task): r for r in e2e.itertuples(index=False)} if width == 3 else {}
     temperatures = sorted(set(summary.temperature.dropna())) or [float("nan")]
     for temperature in temperatures:
         block = summary[(summary.temperature == temperature) & summary.method.isin(_drafting_methods(methods))]
@@ -242,19 +244,25 @@ def headline_tables(summary: pd.DataFrame, methods: list[str], tasks: list[str],
         common_n = {t: int(block[block.task == t].trajectories.max()) for t in block_tasks}
         rows, records = [], []
         for method in [m for m in _drafting_methods(methods) if m in set(block.method)]:
-            row, taus, speedups = [Cell(method)], [], []
+            row, taus, speedups, ends = [Cell(method)], [], [], []
             for task in block_tasks:
                 r = lookup.get((method, task))
                 if r is None:
-                    row += [Cell(None), Cell(None)]
+                    row += [Cell(None)] * width
                     taus.append(float("nan"))
                     speedups.append(float("nan"))
+                    ends.append(float("nan"))
                     continue
                 n = int(r.trajectories)
                 row += [Cell(r.tau, r.tau_ci_low, r.tau_ci_high, n),
                         Cell(r.speedup, r.speedup_ci_low, r.speedup_ci_high, n)]
                 if n != common_n[task] and n >= stats.MIN_INTERVAL_TRAJECTORIES:
                     row[-1].count = n
+                if width == 3:
+                    e = latency.get((method, task))
+                    row.append(Cell(e.latency_speedup, e.latency_speedup_lo, e.latency_speedup_hi,
+                                    int(e.n_trajectories)) if e is not None else Cell(None))
+                    ends.append(e.latency_speedup if e is not None else float("nan"))
                 taus.append(r.tau)
                 speedups.append(r.speedup)
                 records.append({"temperature": temperature, "method": method, "task": task,
@@ -262,7 +270,7 @@ def headline_tables(summary: pd.DataFrame, methods: list[str], tasks: list[str],
                                                               "tau_ci_high", "speedup", "speedup_ci_low",
                                                               "speedup_ci_high")}})
             mean_tau, mean_speedup = _mean(taus), _mean(speedups)
-            row += [Cell(mean_tau), Cell(mean_speedup)]
+            row += [Cell(mean_tau), Cell(mean_speedup)] + ([Cell(_mean(ends))] if width == 3 else [])
             records.append({"temperature": temperature, "method": method, "task": "Mean", "tau": mean_tau,
                             "speedup": mean_speedup})
             rows.append(row)
@@ -270,11 +278,11 @@ def headline_tables(summary: pd.DataFrame, methods: list[str], tasks: list[str],
             for i, task in enumerate(block_tasks):
                 for offset, measure in ((1, "tau"), (2, "speedup")):
                     cells = ranks[(ranks.task == task) & (ranks.measure == measure)]
-                    mark_ranked(rows, 1 + 2 * i + offset - 1, dict(zip(cells.method, cells.status)))
+                    mark_ranked(rows, 1 + width * i + offset - 1, dict(zip(cells.method, cells.status)))
         turns_of = {t: int(block[block.task == t].turns.max()) for t in block_tasks}
-        groups = [("", 1)] + [(f"{t} (n={common_n[t]}, {turns_of[t]} turns)", 2) for t in block_tasks] + \
-                 [("Mean", 2)]
-        notes = [conventions.TAU, conventions.SPEEDUP, stats.CI_CONVENTION,
+        groups = [("", 1)] + [(f"{t} (n={common_n[t]}, {turns_of[t]} turns)", width) for t in block_tasks] + \
+                 [("Mean", width)]
+        notes = [conventions.TAU, conventions.SPEEDUP + " (the decode-only speedup)", stats.CI_CONVENTION,
                  "n = trajectories (sampled tasks / conversations) per cell, as in each task's header unless the "
                  "cell says otherwise", BOLD_NOTE,
                  "Mean = unweighted mean over the tasks of this block (no interval; blank when a method lacks a task)",
@@ -282,9 +290,15 @@ def headline_tables(summary: pd.DataFrame, methods: list[str], tasks: list[str],
                  _skipped_note(block)]
         if any(c.few for row in rows for c in row):
             notes.insert(0, FEW_NOTE)
+        if width == 3:
+            notes.insert(2, "end-to-end = the turn-latency speedup: (Σ `ar` (shared prefill + decode) / Σ `ar` "
+                            "tokens) / (Σ (shared prefill + decode) / Σ tokens) over the paired turns, what a user "
+                            "waiting for the whole reply sees; the end-to-end table below has TTFT and ITL too")
         label = f"T = {temperature:g}"
-        tables.append(Table(f"table1_T{temperature:g}", f"Table 1 ({label}): τ and speedup per task",
-                            ["Method"] + ["τ", "speedup"] * (len(block_tasks) + 1), rows, notes,
+        columns = ["τ", "speedup", "end-to-end"] if width == 3 else ["τ", "speedup"]
+        tables.append(Table(f"table1_T{temperature:g}", f"Table 1 ({label}): τ and speedup per task"
+                            + (" (decode-only and end to end)" if width == 3 else ""),
+                            ["Method"] + columns * (len(block_tasks) + 1), rows, notes,
                             pd.DataFrame(records), groups=groups))
     return tables
 
@@ -814,7 +828,9 @@ def hardware_table(table: pd.DataFrame, notes: list[str]) -> Table | None:
                      Cell(r.speedup_projected, digits=2), Cell(r.speedup_measured, digits=2),
                      Cell(f"{100 * r.validation_error:.1f} % ({int(r.validated_cells)} bins)"
                           if math.isfinite(r.validation_error) else
-                          ("none: a model" if r.kind == "analytic model" else "none: another machine"))])
+                          ("none: a model" if r.kind == "analytic model" else
+                           "none: contexts outside the profiled range" if r.same_machine else
+                           "none: another machine"))])
     return Table("other_hardware", "This answer on other hardware: measured acceptance priced by other cost surfaces",
                  ["Task", "Method", "cost surface", "τ (measured)", "τ*", "verify / decode", "draft / decode",
                   "projected speedup", "measured here", "validation error"], rows,
