@@ -98,7 +98,9 @@ def write_report(paths: list[Path], out: Path, formats: set[str] = frozenset(FOR
     differences = effects.slope_differences(steps, turns, seed, n_resamples,
                                             [(a, b) for i, a in enumerate(drafting) for b in drafting[i + 1:]])
     e2e = _in_report_order(telemetry.end_to_end(steps, turns, seed, n_resamples), results)
-    policy_scores = policy.evaluate_policy(turns, seed, n_resamples)
+    from evalsuite.report.spans import load_run_spans
+
+    policy_scores = policy.evaluate_policy(turns, seed, n_resamples, spans=load_run_spans(results))
     choices = policy.best_choices(turns, seed, n_resamples)
     noise_cells = noise.noise_table(turns, {r.key: int(r.config.get("repeats") or 1) for r in results.runs})
     surfaces, surface_notes = _surfaces(results, hardware_dirs or [], analytic)

@@ -41,7 +41,7 @@ POLICY_CONVENTION = (
     "half's choices scored on the other half, the two scores pooled; gain = policy speedup / fixed-choice speedup "
     "on the same held-out turns; 95 % intervals by a paired cluster bootstrap over trajectories, the choices held "
     "fixed; only turns every candidate decoded (paired with `ar`) are used")
-POLICY_COLUMNS = ["task", "n_trajectories", "n_turns", "n_bins", "split_seed", "fixed_choices", "policy_speedup",
+POLICY_COLUMNS = ["task", "switch_by", "n_trajectories", "n_turns", "n_bins", "split_seed", "fixed_choices", "policy_speedup",
                   "policy_speedup_lo", "policy_speedup_hi", "fixed_speedup", "fixed_speedup_lo", "fixed_speedup_hi",
                   "gain", "gain_lo", "gain_hi", "switches", "dropped_turns"]
 CHOICE_COLUMNS = ["task", "context_lo", "context_hi", "n_trajectories", "n_turns", "best", "best_speedup",
@@ -80,16 +80,41 @@ def _pooled(cell: pd.DataFrame) -> float:
                                        cell.new_tokens.sum())) if len(cell) else float("nan")
 
 
-def choose(rows: pd.DataFrame) -> tuple[str, dict[int, str]]:
-    """(the fixed choice, {bin: choice}) from the candidate rows of one task's choosing set. Ties go to the
-    candidate first in name order, no drafting (`ar`) first of all (it costs nothing to deploy)."""
-    def best(cell: pd.DataFrame) -> str:
-        scores = {m: _pooled(c) for m, c in cell.groupby("method", sort=False)}
-        order = sorted(scores, key=lambda m: (-(scores[m] if np.isfinite(scores[m]) else -np.inf), m != BASELINE, m))
-        return order[0]
+def _best(cell: pd.DataFrame) -> str:
+    """The candidate with the highest pooled speedup; ties go to no drafting (`ar`: it costs nothing to deploy),
+    then to name order."""
+    scores = {m: _pooled(c) for m, c in cell.groupby("method", sort=False)}
+    order = sorted(scores, key=lambda m: (-(scores[m] if np.isfinite(scores[m]) else -np.inf), m != BASELINE, m))
+    return order[0]
 
-    fixed = best(rows)
-    return fixed, {int(b): best(cell) for b, cell in rows.groupby("bin")}
+
+def choose(rows: pd.DataFrame, key: str = "bin") -> tuple[str, dict]:
+    """(the fixed choice, {key value: choice}) from the candidate rows of one task's choosing set."""
+    return _best(rows), {k: _best(cell) for k, cell in rows.groupby(key)}
+
+
+SPAN_SWITCH = "context + previous reply's span kind"
+PREVIOUS_KIND_CONVENTION = (
+    "previous reply's span kind = the most frequent span kind of the trajectory's previous reply (the `ar` reply "
+    "where labelled, else the first labelled method's), known before the turn is decoded; 'start' for a "
+    "trajectory's first turn; the policy by context and span kind chooses per (bin, kind) and falls back to its "
+    "bin's choice, then to the fixed one, where the choosing half has no turn of that cell")
+
+
+def previous_kinds(turns: pd.DataFrame, spans: pd.DataFrame) -> pd.Series:
+    """{(run, task, sample_id, turn): the dominant span kind of the previous turn's reply} (PREVIOUS_KIND_CONVENTION);
+    empty when nothing is labelled."""
+    from evalsuite.report.spans import labelled  # the report's span reader (no torch)
+
+    rows = labelled(turns, spans) if len(spans) else pd.DataFrame()
+    if rows.empty:
+        return pd.Series(dtype=object)
+    rows = rows.assign(rank=(rows.method != BASELINE).astype(int)).sort_values("rank", kind="stable")
+    keys = [k for k in ("run", "task", "sample_id", "turn") if k in rows.columns]
+    rows = rows.drop_duplicates(keys)
+    dominant = rows.kind.map(lambda kinds: pd.Series(list(kinds)).mode().iloc[0] if len(kinds) else "none")
+    following = rows[keys].assign(turn=rows.turn + 1)
+    return pd.Series(dominant.to_numpy(), index=pd.MultiIndex.from_frame(following))
 
 
 def halves(trajectories, seed: int, task: str) -> tuple[list[str], list[str]]:
@@ -101,9 +126,15 @@ def halves(trajectories, seed: int, task: str) -> tuple[list[str], list[str]]:
     return ordered[:cut], ordered[cut:]
 
 
-def _chosen(rows: pd.DataFrame, fixed: str, per_bin: dict[int, str]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(the policy's rows, the fixed choice's rows) of a scoring set: one row per turn."""
-    pick = rows.bin.map(lambda b: per_bin.get(int(b), fixed))
+def _chosen(rows: pd.DataFrame, fixed: str, per_bin: dict, per_cell: dict | None = None
+            ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the policy's rows, the fixed choice's rows) of a scoring set: one row per turn. `per_cell`: choices per
+    (bin, previous kind), falling back to the bin's."""
+    if per_cell is None:
+        pick = rows.bin.map(lambda b: per_bin.get(b, fixed))
+    else:
+        pick = pd.Series([per_cell.get(c, per_bin.get(b, fixed)) for b, c in zip(rows.bin, rows.cell)],
+                         index=rows.index)
     return rows[rows.method == pick], rows[rows.method == fixed]
 
 
@@ -117,43 +148,56 @@ def _gain_from_sums(sums: np.ndarray) -> np.ndarray:
 
 
 def evaluate_policy(turns: pd.DataFrame, seed: int = 0, n_resamples: int = stats.DEFAULT_RESAMPLES,
-                    max_bins: int = 6) -> pd.DataFrame:
+                    max_bins: int = 6, spans: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per task: the held-out speedup of the context policy, of the best fixed choice, and the gain
-    (POLICY_COLUMNS; POLICY_CONVENTION)."""
+    (POLICY_COLUMNS; POLICY_CONVENTION); with span labels (`spans`) also a policy that switches by context and the
+    previous reply's span kind (PREVIOUS_KIND_CONVENTION)."""
     rows, dropped_all = complete_cases(turns, max_bins)
     out = []
     if rows.empty:
         return pd.DataFrame(columns=POLICY_COLUMNS)
+    kinds = previous_kinds(turns, spans) if spans is not None else pd.Series(dtype=object)
+    variants = ["context"] + ([SPAN_SWITCH] if len(kinds) else [])
+    if len(kinds):
+        index = pd.MultiIndex.from_frame(rows[["run", "task", "sample_id", "turn"]])
+        previous = kinds.reindex(index).to_numpy(object)
+        rows = rows.assign(kind=np.where(rows.turn.to_numpy() == rows.groupby("trajectory").turn.transform("min"),
+                                         "start", pd.Series(previous).fillna("unlabelled").to_numpy()))
+        rows["cell"] = list(zip(rows.bin, rows.kind))
     for task, task_rows in rows.groupby("task", sort=False):
         first, second = halves(task_rows.trajectory, seed, task)
-        scored, fixed_names, switches = [], [], 0
-        for choose_on, score_on in ((first, second), (second, first)):
-            if not choose_on or not score_on:
+        for variant in variants:
+            scored, fixed_names, switches = [], [], 0
+            for choose_on, score_on in ((first, second), (second, first)):
+                if not choose_on or not score_on:
+                    continue
+                train = task_rows[task_rows.trajectory.isin(choose_on)]
+                fixed, per_bin = choose(train)
+                per_cell = choose(train, "cell")[1] if variant == SPAN_SWITCH else None
+                fixed_names.append(fixed)
+                switches += sum(1 for choice in (per_cell or per_bin).values() if choice != fixed)
+                test = task_rows[task_rows.trajectory.isin(score_on)]
+                scored.append(_chosen(test, fixed, per_bin, per_cell))
+            if not scored:
                 continue
-            fixed, per_bin = choose(task_rows[task_rows.trajectory.isin(choose_on)])
-            fixed_names.append(fixed)
-            switches += sum(1 for choice in per_bin.values() if choice != fixed)
-            test = task_rows[task_rows.trajectory.isin(score_on)]
-            policy_rows, fixed_rows = _chosen(test, fixed, per_bin)
-            scored.append((policy_rows, fixed_rows))
-        if not scored:
-            continue
-        policy_rows = pd.concat([p for p, _ in scored], ignore_index=True)
-        fixed_rows = pd.concat([f for _, f in scored], ignore_index=True)
-        columns = ["ar_decode_s", "ar_new_tokens", "decode_s", "new_tokens"]
-        per_policy = policy_rows.groupby("trajectory")[columns].sum()
-        per_fixed = fixed_rows.groupby("trajectory")[columns].sum().reindex(per_policy.index)
-        sums = np.column_stack([per_policy.to_numpy(float), per_fixed[["decode_s", "new_tokens"]].to_numpy(float)])
-        point = _gain_from_sums(sums.sum(axis=0))
-        low = high = np.full(3, np.nan)
-        if len(sums) >= stats.MIN_INTERVAL_TRAJECTORIES:
-            low, high = stats.bootstrap_ci(sums, _gain_from_sums, stats.cell_seed(seed, "policy", task), n_resamples)
-        out.append({"task": task, "n_trajectories": len(sums), "n_turns": len(policy_rows),
-                    "n_bins": int(task_rows.bin.nunique()), "split_seed": seed,
-                    "fixed_choices": " / ".join(fixed_names), "policy_speedup": point[0],
-                    "policy_speedup_lo": low[0], "policy_speedup_hi": high[0], "fixed_speedup": point[1],
-                    "fixed_speedup_lo": low[1], "fixed_speedup_hi": high[1], "gain": point[2], "gain_lo": low[2],
-                    "gain_hi": high[2], "switches": switches, "dropped_turns": dropped_all})
+            policy_rows = pd.concat([p for p, _ in scored], ignore_index=True)
+            fixed_rows = pd.concat([f for _, f in scored], ignore_index=True)
+            columns = ["ar_decode_s", "ar_new_tokens", "decode_s", "new_tokens"]
+            per_policy = policy_rows.groupby("trajectory")[columns].sum()
+            per_fixed = fixed_rows.groupby("trajectory")[columns].sum().reindex(per_policy.index)
+            sums = np.column_stack([per_policy.to_numpy(float),
+                                    per_fixed[["decode_s", "new_tokens"]].to_numpy(float)])
+            point = _gain_from_sums(sums.sum(axis=0))
+            low = high = np.full(3, np.nan)
+            if len(sums) >= stats.MIN_INTERVAL_TRAJECTORIES:
+                low, high = stats.bootstrap_ci(sums, _gain_from_sums, stats.cell_seed(seed, "policy", variant, task),
+                                               n_resamples)
+            out.append({"task": task, "switch_by": variant, "n_trajectories": len(sums),
+                        "n_turns": len(policy_rows), "n_bins": int(task_rows.bin.nunique()), "split_seed": seed,
+                        "fixed_choices": " / ".join(fixed_names), "policy_speedup": point[0],
+                        "policy_speedup_lo": low[0], "policy_speedup_hi": high[0], "fixed_speedup": point[1],
+                        "fixed_speedup_lo": low[1], "fixed_speedup_hi": high[1], "gain": point[2],
+                        "gain_lo": low[2], "gain_hi": high[2], "switches": switches, "dropped_turns": dropped_all})
     return pd.DataFrame(out, columns=POLICY_COLUMNS)
 
 

@@ -736,19 +736,21 @@ def policy_table(table: pd.DataFrame) -> Table | None:
     rows = []
     for r in table.itertuples(index=False):
         n = int(r.n_trajectories)
-        rows.append([Cell(r.task), Cell(n), Cell(int(r.n_turns)), Cell(int(r.n_bins)), Cell(r.fixed_choices),
+        rows.append([Cell(r.task), Cell(r.switch_by), Cell(n), Cell(int(r.n_turns)), Cell(int(r.n_bins)),
+                     Cell(r.fixed_choices),
                      Cell(r.fixed_speedup, r.fixed_speedup_lo, r.fixed_speedup_hi, n),
                      Cell(r.policy_speedup, r.policy_speedup_lo, r.policy_speedup_hi, n),
                      Cell(r.gain, r.gain_lo, r.gain_hi, n, digits=3), Cell(int(r.switches))])
     notes = [policy.POLICY_CONVENTION, f"split seed = the report's --seed ({int(table.split_seed.iloc[0])})",
              "fixed choice = the candidate each half chose for the other (first half's / second half's); switches = "
              "context bins where the policy's choice differs from the fixed one, summed over the two halves",
-             "span kinds are not a switch here: a reply's span kinds are known only after it is written",
-             stats.CI_CONVENTION]
+             policy.PREVIOUS_KIND_CONVENTION + " (a reply's own span kinds are known only after it is written, "
+             "so the switch uses the previous reply's)", stats.CI_CONVENTION]
     if (table.n_trajectories < stats.MIN_TRAJECTORIES).any():
         notes.insert(0, FEW_NOTE)
     return Table("policy", "A speculation policy that switches by context, scored on held-out trajectories",
-                 ["Task", "trajectories", "turns", "bins", "fixed choice", "fixed speedup", "policy speedup",
+                 ["Task", "switch by", "trajectories", "turns", "bins", "fixed choice", "fixed speedup",
+                  "policy speedup",
                   "gain (policy / fixed)", "switches"], rows, notes, table)
 
 
