@@ -113,7 +113,7 @@ def write_figures(results: Results, summary: pd.DataFrame, curves: pd.DataFrame,
          f"speedup; n under each bin = trajectories in it; a band (and a filled marker) only where the bin holds ≥ "
          f"{stats.MIN_INTERVAL_TRAJECTORIES} trajectories and ≥ {stats.MIN_INTERVAL_TURNS} turns, a hollow marker "
          f"otherwise (the point alone); † = fewer than {stats.MIN_TRAJECTORIES} trajectories; dashed line: AR; "
-         "nothing is clipped. Bins mix trajectories and turn positions: the within-trajectory effect "
+         "nothing is clipped (a panel whose values span more than 3× has a log scale). Bins mix trajectories and turn positions: the within-trajectory effect "
          "is the next figure.",
          lambda: _context_figure(curves, turns, groups, tasks, palette, "speedup", "speedup over AR (×)")),
         ("context_effect", "Speedup against context within trajectories",
@@ -263,7 +263,16 @@ def _context_figure(curves, turns, groups, tasks, palette, measure: str, ylabel:
                         label="τ* (break-even)")
             # nothing clipped: the axis holds every trajectory's values as well as the pooled ones
             limits = _limits(pooled_values + [thin_values] + ([np.array([1.0])] if measure == "speedup" else []))
-            if limits is not None:
+            data = np.concatenate([np.asarray(v, float).ravel() for v in pooled_values + [thin_values]])
+            data = data[np.isfinite(data) & (data > 0)]
+            if len(data) and data.max() > 3 * data.min():  # a wide range: log scale, so the pooled lines keep room
+                ax.set_yscale("log")
+                ax.set_ylim(min(data.min(), 1.0) / 1.08, data.max() * 1.08)
+                ax.yaxis.set_major_locator(matplotlib.ticker.FixedLocator(
+                    _nice_ticks(min(data.min(), 1.0) / 1.08, data.max() * 1.08)))
+                ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+                ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            elif limits is not None:
                 ax.set_ylim(*limits)
             _context_axis(ax, np.concatenate([cells.context_median.to_numpy(), thin.context_len.to_numpy(float)]))
             bins = cells.groupby("context_median").n_trajectories.max()
@@ -404,7 +413,7 @@ def _count(n: int) -> str:
 
 
 # ---- the within-trajectory context effect --------------------------------------------------------------------------
-NICE = (0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 7.0, 10.0, 20.0)
+NICE = (0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0, 1.2, 1.5, 2.0, 3.0, 4.0, 5.0, 7.0, 10.0, 20.0)
 
 
 def context_effect_figure(steps: pd.DataFrame, turns: pd.DataFrame, effect: pd.DataFrame,
