@@ -500,11 +500,10 @@ def _draw_slope(ax, cell: pd.DataFrame, row, style: dict, method: str, measurabl
         ax.fill_between(np.exp(xs), np.exp(np.minimum(low, high)), np.exp(np.maximum(low, high)),
                         color=style["color"], alpha=0.15, linewidth=0)
         label += f" [{row.slope_lo:+.2f}, {row.slope_hi:+.2f}]"
-    label += f", n={int(row.n_trajectories)}"
-    if not measurable:
-        label += " · not measurable here"
-    ax.text(0.02, 0.96, label, transform=ax.transAxes, ha="left", va="top", fontsize=7, color="#2b333b",
-            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1.0}, zorder=5)
+    label += f"\nn={int(row.n_trajectories)}" + ("" if measurable else " · not measurable here")
+    text = ax.text(0.02, 0.97, label, transform=ax.transAxes, ha="left", va="top", fontsize=6.5, color="#2b333b",
+                   bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1.0}, zorder=5)
+    text.set_in_layout(False)  # the label sits inside the panel; it must not push the layout
 
 
 def _speedup_per_task(summary, methods, tasks, palette) -> Figure | None:
