@@ -414,6 +414,7 @@ def break_even_table(overall: pd.DataFrame) -> Table | None:
         return None
     rows = [[Cell(r.task), Cell(r.method), Cell(int(r.n_trajectories)), Cell(int(r.n_steps)), Cell(r.tau),
              Cell(r.tau_break_even), Cell(r.tau_margin, r.tau_margin_lo, r.tau_margin_hi, int(r.n_trajectories)),
+             Cell(r.verify_ratio), Cell(r.draft_ratio),
              Cell(r.ar_decode_ms, digits=1), Cell(r.draft_ms, digits=2), Cell(r.verify_ms, digits=1),
              Cell(r.speedup_implied)] for r in overall.itertuples(index=False)]
     notes = [breakeven.BREAK_EVEN_CONVENTION,
@@ -421,8 +422,8 @@ def break_even_table(overall: pd.DataFrame) -> Table | None:
              "τ*_step, what the step costs alone predict (the measured speedup also pays the drafter's "
              "start-of-turn work)", stats.CI_CONVENTION]
     return Table("break_even", "τ against break-even τ*, per task",
-                 ["Task", "Method", "trajectories", "steps", "τ", "τ*", "τ − τ*", "target 1-token ms", "draft ms",
-                  "verify ms", "speedup implied"], rows, notes, overall)
+                 ["Task", "Method", "trajectories", "steps", "τ", "τ*", "τ − τ*", "verify / decode", "draft / decode",
+                  "target 1-token ms", "draft ms", "verify ms", "speedup implied"], rows, notes, overall)
 
 
 # ---- the within-trajectory context effect --------------------------------------------------------------------------
