@@ -237,3 +237,45 @@ def test_old_runs_without_the_repeats_column_still_load(tmp_path):
     results = load_results([run])
     assert results.turns.repeat_decode_s.isna().all()
     assert noise.noise_table(results.turns).status.str.startswith("unmeasured").all()
+
+
+def test_a_report_writes_the_new_sections_and_refuses_a_bad_hardware_dir(tmp_path):
+    from evalsuite.errors import UserError
+    from evalsuite.report.build import write_report
+    from tests.helpers import ALPHA_GSM8K, write_run
+
+    run = write_run(tmp_path / "gsm8k", "gsm8k", {"alpha": ALPHA_GSM8K})
+    report = write_report([run], tmp_path / "report", n_resamples=100, argv=["evalsuite", "report", "x"])
+    names = {p.name for p in report.files}
+    for name in ("end_to_end.md", "policy.md", "other_hardware.md", "tau_identity.md", "accepted_length.md",
+                 "acceptance_matrix.md", "context_design.md", "timing_noise.md", "command.txt"):
+        assert name in names, name
+    command = (tmp_path / "report" / "command.txt").read_text()
+    assert "evalsuite report x" in command and "## run gsm8k" in command
+    assert "ANALYTIC MODEL, not a measurement" in (tmp_path / "report" / "tables" / "other_hardware.md").read_text()
+    with pytest.raises(UserError, match="not a profile directory"):
+        write_report([run], tmp_path / "again", n_resamples=100, hardware_dirs=[tmp_path])
+
+
+def test_policy_by_previous_span_kind_beats_fixed_when_the_kind_decides():
+    """One context bin; after a code reply method `c` is fast, after a prose reply method `p`: only the
+    span-kind switch can see it."""
+    rng = np.random.default_rng(11)
+    rows, spans = [], []
+    for i in range(12):
+        kinds = ["code" if (i + t) % 2 else "prose" for t in range(6)]
+        for t in range(6):
+            previous = kinds[t - 1] if t else "prose"
+            jitter = 1 + 0.02 * rng.standard_normal()
+            times = {"c": 0.5 * jitter if previous == "code" else 1.5 * jitter,
+                     "p": 0.5 * jitter if previous == "prose" else 1.5 * jitter}
+            for method, decode in {**times, "ar": 1.0}.items():
+                rows.append(turn_row(method, f"s{i}", t, 1000, new_tokens=4, decode_s=decode))
+            spans.append({"run": "r", "method": "ar", "sample_id": f"s{i}", "turn": t, "n_tokens": 4,
+                          "kind": [kinds[t]] * 4, "copy_len": [0] * 4, "context_copy_len": [0] * 4,
+                          "skip_reason": ""})
+    turns = pd.DataFrame(rows)
+    table = policy.evaluate_policy(turns, n_resamples=200, spans=pd.DataFrame(spans)).set_index("switch_by")
+    assert table.loc["context"].gain == pytest.approx(1.0, abs=1e-9)  # one bin: nothing to switch on
+    span = table.loc[policy.SPAN_SWITCH]
+    assert span.gain > 1.5 and span.gain_lo > 1.0
