@@ -34,6 +34,7 @@ REPEATS=${REPEATS:-3}
 HOT_LIMIT=${HOT_LIMIT:-5}            # the T=1 block: MT-Bench at temperature 1
 RESAMPLES=${RESAMPLES:-2000}
 EVALSUITE=${EVALSUITE:-evalsuite}
+HARDWARE=${HARDWARE:-benchmarks/results/regime_cpu/profile}  # the committed CPU cost surface (other-hardware table)
 
 if [ -z "${ALLOW_DIRTY:-}" ] && [ -n "$(git status --porcelain --untracked-files=no)" ]; then
   echo "example_report.sh: the working tree has uncommitted changes, so the runs would record a +dirty commit;" \
@@ -50,7 +51,7 @@ mkdir -p "$STAGE/runs"
 "${RUN[@]}" --task mt-bench --limit "$HOT_LIMIT" --temperature 1 --out "$STAGE/runs/mt-bench-T1"
 rm -rf "$STAGE/tables" "$STAGE/figures" "$STAGE/index.html" "$STAGE/report.md"   # a previous report's files
 $EVALSUITE report "$STAGE/runs/swebench" "$STAGE/runs/bfcl-v3" "$STAGE/runs/gsm8k" "$STAGE/runs/mt-bench" \
-  "$STAGE/runs/mt-bench-T1" --out "$STAGE" --resamples "$RESAMPLES"
+  "$STAGE/runs/mt-bench-T1" --out "$STAGE" --resamples "$RESAMPLES" --hardware "$HARDWARE"
 
 . benchmarks/publish_report.sh
 publish_report "$STAGE" "$OUT"  # its hand-written README is kept

@@ -393,6 +393,10 @@ def report(
                                                                 "baseline always stays."),
     cost: Optional[Path] = typer.Option(None, "--cost", help="A profile directory: add the section 'Where "
                                                              "speculation pays' (evalsuite regime) to the report."),
+    hardware: Optional[list[Path]] = typer.Option(None, "--hardware", help="A profile directory (evalsuite profile) "
+                                                  "whose costs price the measured acceptance in the 'other hardware' "
+                                                  "table; repeat for several (the analytic H100 model is always "
+                                                  "there)."),
 ):
     """Tables, figures and an HTML page from stored runs (never reruns anything)."""
     from evalsuite.report.build import parse_formats, write_report
@@ -401,7 +405,8 @@ def report(
         raise UserError(f"--resamples {resamples}: use at least 100 for a meaningful 95 % interval")
     with console.status("building the report…"):
         result = write_report(results_dirs, out_dir, parse_formats(formats), allow_mixed, seed, resamples,
-                              tasks=_names(task), methods=_names(method))
+                              tasks=_names(task), methods=_names(method), hardware_dirs=list(hardware or []),
+                              argv=["evalsuite", *sys.argv[1:]])
     if cost is not None:  # the regime section (evalsuite.report.regime), after the report itself
         from evalsuite.report.regime import add_to_report
 

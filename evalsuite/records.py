@@ -41,6 +41,7 @@ class TurnResult:
     draft_prefill_s: float | None = 0.0  # the drafter's start-of-turn work (e.g. building its KV over the context)
     decode_s: float = 0.0  # everything after the target prefill: start-of-turn work + every step
     stop_reason: str = "max_new_tokens"  # eos | max_new_tokens | context_limit
+    repeat_decode_s: list[float] = field(default_factory=list)  # decode_s of every --repeats decode (timing noise)
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,9 @@ class TurnRecord:
     pairing: str = ""
     degenerate: bool = False  # the reply copies an earlier reply of the trajectory or loops (evalsuite.degenerate)
     degenerate_reason: str = ""  # its evidence, e.g. "copies 47 tokens of turn 0's reply"
+    # decode_s of every timing repeat of this turn, in the order decoded (empty: one decode, or a run recorded
+    # before the column existed: timing noise unmeasured); decode_s above is the median repeat's
+    repeat_decode_s: list[float] = field(default_factory=list)
 
 
 def step_records(key: TurnKey, result: TurnResult, engine: str) -> list[StepRecord]:
@@ -139,13 +143,14 @@ def turn_record(key: TurnKey, *, replay: str, context_len: int, dropped_tokens: 
                       tau=metrics.tau_of([s.num_accepted for s in result.steps],
                                          [s.budget_limited for s in result.steps]),
                       stop_reason=result.stop_reason, output_ids=list(result.output_ids), degenerate=flagged,
-                      degenerate_reason=reason)
+                      degenerate_reason=reason, repeat_decode_s=[float(v) for v in result.repeat_decode_s])
 
 
 def _schema(cls) -> pa.Schema:
     kinds = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_(),
              "int | None": pa.int64(), "float | None": pa.float64(),
-             "list[bool]": pa.list_(pa.bool_()), "list[int]": pa.list_(pa.int64())}
+             "list[bool]": pa.list_(pa.bool_()), "list[int]": pa.list_(pa.int64()),
+             "list[float]": pa.list_(pa.float64())}
     return pa.schema([(f.name, kinds[f.type]) for f in fields(cls)])
 
 

@@ -53,7 +53,7 @@ FILL_MISSING = {"draft_state_bytes": 0, "draft_history_bytes": 0, "dropped_token
                 "skip_reason": "", "output_ids": None, "engine": "hf", "budget_limited": False, "position": 0,
                 "worker_host": "", "worker_device": "", "contended": False, "repo": "", "pairing": "",
                 "context_point": 0,
-                "degenerate_reason": ""}
+                "degenerate_reason": "", "repeat_decode_s": None}
 # (`degenerate` is left NaN in older runs: not computed, which is not "not degenerate"; the report computes it.)
 
 

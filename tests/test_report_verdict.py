@@ -29,7 +29,7 @@ def test_verdict_sentence_from_the_frames():
     label, sentence = verdict.verdict("swebench", *frames_for())
     assert label == "pays off"
     assert sentence.startswith("swebench (5 trajectories, 36 turns, contexts 1,528–7,518 tokens): speculative "
-                               "decoding pays off with suffix 1.96× [1.78, 2.16], τ 2.81 vs break-even 1.45")
+                               "decoding pays off (decode-only speedup) with suffix 1.96× [1.78, 2.16], τ 2.81 vs break-even 1.45")
     assert "it does not with dflash 0.76× [0.74, 0.78], τ 1.45 vs break-even 1.90" in sentence
     assert "dlite 0.99× [0.94, 1.04], τ 1.76 vs break-even 1.79 cannot be told apart from `ar`" in sentence
     assert "no method's speedup changes measurably with context" in sentence and "±" not in sentence

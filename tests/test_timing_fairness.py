@@ -64,6 +64,9 @@ def test_repeats_decode_the_same_and_record_n(tiny_llama_dir, tmp_path, temperat
     assert [list(x) for x in a.output_ids] == [list(x) for x in b.output_ids]  # same seed, same choices
     steps_a, steps_b = (load_steps(r.store.root).sort_values(["method", "turn", "step"]) for r in (once, thrice))
     assert steps_a.num_accepted.tolist() == steps_b.num_accepted.tolist()
+    # every repeat's decode seconds are recorded (the report's timing noise); one decode records none
+    assert all(len(r) == 3 and min(r) > 0 for r in b[b.stop_reason != "skipped"].repeat_decode_s)
+    assert all(len(r) == 0 for r in a.repeat_decode_s)
 
 
 def result(loop_s: float, draft_prefill_s: float, output=(5, 6), accepted=(1,)) -> TurnResult:
@@ -76,6 +79,7 @@ def test_median_repeat_keeps_the_median_loop_and_the_first_start_of_turn_work():
     kept = median_repeat(results, "x")
     assert kept is results[2]
     assert kept.draft_prefill_s == 0.5 and kept.decode_s == pytest.approx(2.5)
+    assert kept.repeat_decode_s == pytest.approx([3.5, 1.5, 2.5])  # each on the first repeat's start-of-turn work
     pair = [result(3.0, 0.5), result(1.0, 0.01)]
     assert median_repeat(pair, "x") is pair[1]  # the lower middle: a measured repeat, not an average
     with pytest.raises(UserError, match="--repeats 2: x: a repeat decoded differently"):

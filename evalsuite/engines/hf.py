@@ -189,7 +189,10 @@ def median_repeat(results: list[TurnResult], what: str) -> TurnResult:
             raise UserError(f"--repeats {len(results)}: {what}: a repeat decoded differently from the first "
                             "(nondeterministic kernels, or a method that learns from its own replies); "
                             "use --repeats 1")
+    # every repeat's decode time on the same footing (the first repeat's start-of-turn work), kept for the noise
+    repeats = [r.decode_s - r.draft_prefill_s + first.draft_prefill_s for r in results]
     loop = sorted(results, key=lambda r: r.decode_s - r.draft_prefill_s)[(len(results) - 1) // 2]
     loop.decode_s = loop.decode_s - loop.draft_prefill_s + first.draft_prefill_s
     loop.draft_prefill_s = first.draft_prefill_s
+    loop.repeat_decode_s = repeats if len(results) > 1 else []
     return loop

@@ -35,11 +35,13 @@ BREAK_EVEN_CONVENTION = (
     "steps), over the steps τ counts, in the same bin: a method is faster than `ar` per token exactly when its τ "
     "exceeds τ*; τ*_step uses whole step times on both sides; neither includes the drafter's start-of-turn work. "
     "Bins are the task's turn-context bins of the τ/speedup table and each step falls in its turn's bin, so the "
-    "cost, τ and speedup rows of one label hold the same turns")
+    "cost, τ and speedup rows of one label hold the same turns; τ* = verify/decode (the target's verify/decode ratio, "
+    "a property of the hardware and the target) + draft/decode (the drafter's own cost)")
 
 BIN_COLUMNS = ["task", "method", "context_lo", "context_hi", "n_trajectories", "n_turns", "n_steps", "ar_decode_ms",
                "draft_ms", "verify_ms", "step_ms", "ar_step_ms", "tau", "tau_break_even", "tau_break_even_step",
-               "speedup_implied", "draft_state_bytes", "step_context_lo", "step_context_hi", "context_median"]
+               "speedup_implied", "draft_state_bytes", "step_context_lo", "step_context_hi", "context_median",
+               "verify_ratio", "draft_ratio"]
 
 
 def turn_bins(turns: pd.DataFrame, max_bins: int = 6) -> pd.DataFrame:
@@ -92,7 +94,9 @@ def break_even_by_bin(steps: pd.DataFrame, turns: pd.DataFrame, max_bins: int = 
                          "draft_state_bytes": float(mine.draft_state_bytes.mean()),
                          "step_context_lo": int(mine.context_len.min()), "step_context_hi": int(mine.context_len.max()),
                          "context_median": float(mine.drop_duplicates(["run", "sample_id", "turn"]).turn_context
-                                                 .median())})
+                                                 .median()),
+                         "verify_ratio": verify / ar_decode if ar_decode else np.nan,
+                         "draft_ratio": draft / ar_decode if ar_decode else np.nan})
     table = pd.DataFrame(rows, columns=BIN_COLUMNS)
     return table.sort_values(["task", "method", "context_lo"], key=_task_order(turns), kind="stable",
                              ignore_index=True)
@@ -107,15 +111,17 @@ def add_break_even(curves: pd.DataFrame, by_bin: pd.DataFrame) -> pd.DataFrame:
     """`stats.context_curves` output with `tau_break_even` (and `tau_break_even_step`) inserted after `tau_hi`,
     matched on (task, method, context_lo, context_hi); both come from the same turn bins, so every row matches."""
     keys = ["task", "method", "context_lo", "context_hi"]
-    merged = curves.merge(by_bin[keys + ["tau_break_even", "tau_break_even_step"]], on=keys, how="left")
+    extra = ["tau_break_even", "tau_break_even_step"] + [c for c in ("verify_ratio", "draft_ratio")
+                                                           if c in by_bin.columns]
+    merged = curves.merge(by_bin[keys + extra], on=keys, how="left")
     columns = list(curves.columns)
     at = columns.index("tau_hi") + 1 if "tau_hi" in columns else len(columns)
-    return merged[columns[:at] + ["tau_break_even", "tau_break_even_step"] + columns[at:]]
+    return merged[columns[:at] + extra + columns[at:]]
 
 
 OVERALL_COLUMNS = ["task", "method", "n_trajectories", "n_steps", "tau", "tau_break_even", "tau_margin",
                    "tau_margin_lo", "tau_margin_hi", "tau_break_even_step", "speedup_implied", "ar_decode_ms",
-                   "draft_ms", "verify_ms"]
+                   "draft_ms", "verify_ms", "verify_ratio", "draft_ratio"]
 
 
 def break_even_overall(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0,
@@ -140,6 +146,7 @@ def break_even_overall(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0,
             units = per.index.intersection(ar_units.index)
             if not len(units):  # no trajectory with both this method's and `ar`'s steps: no break-even
                 continue
+            shared = mine[unit.isin(units).to_numpy()]
             sums = np.column_stack([per.loc[units, ["tokens", "steps", "cost"]].to_numpy(),
                                     ar_units.loc[units, ["sum", "count"]].to_numpy(float)])
             total = sums.sum(axis=0)
@@ -155,7 +162,10 @@ def break_even_overall(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0,
                          "tau_margin_lo": float(low), "tau_margin_hi": float(high),
                          "tau_break_even_step": step_star, "speedup_implied": tau / step_star,
                          "ar_decode_ms": 1e3 * total[3] / total[4], "draft_ms": 1e3 * mine.draft_s.mean(),
-                         "verify_ms": 1e3 * mine.verify_s.mean()})
+                         "verify_ms": 1e3 * mine.verify_s.mean(),
+                         # τ* split: the target's verify/decode ratio + the drafter's own cost (they sum to τ*)
+                         "verify_ratio": float(shared.verify_s.sum() / total[1]) / (total[3] / total[4]),
+                         "draft_ratio": float(shared.draft_s.sum() / total[1]) / (total[3] / total[4])})
     return pd.DataFrame(rows, columns=OVERALL_COLUMNS)
 
 

@@ -15,7 +15,8 @@ import pandas as pd
 from evalsuite.errors import UserError
 from evalsuite import metrics
 from evalsuite.conventions import BASELINE
-from evalsuite.report import breakeven, decisions, effects, positions, stats, telemetry, verdict
+from evalsuite.report import (breakeven, checks, decisions, effects, hardware, noise, policy, positions,
+                              regime, stats, telemetry, verdict)
 from evalsuite.report import html as html_page
 from evalsuite.report import published as published_numbers
 from evalsuite.report.figures import write_figures
@@ -25,7 +26,9 @@ from evalsuite.report.tables import (Box, Cell, Table, baseline_table, break_eve
                                      context_table, cost_context_table, cost_table, degenerate_turns_table,
                                      draft_length_table, headline_tables, position_table, position_tercile_table,
                                      repository_table, results_table, summary_table, tau_macro_table, telemetry_table, to_latex,
-                                     to_markdown, without_degenerate_table)
+                                     to_markdown, without_degenerate_table, design_table, slope_difference_table,
+                                     end_to_end_table, policy_table, choice_table, identity_table, histogram_table,
+                                     matrix_table, hardware_table)
 
 FORMATS = ("md", "latex", "csv", "html")
 VERSION_KEYS = ("evalsuite", "torch", "transformers", "numpy", "pandas", "pyarrow")
@@ -58,7 +61,11 @@ class Section:
 def write_report(paths: list[Path], out: Path, formats: set[str] = frozenset(FORMATS), allow_mixed: bool = False,
                  seed: int = 0, n_resamples: int = stats.DEFAULT_RESAMPLES,
                  published_dir: Path = published_numbers.PUBLISHED_DIR, tasks: list[str] | None = None,
-                 methods: list[str] | None = None) -> Report:
+                 methods: list[str] | None = None, hardware_dirs: list[Path] | None = None,
+                 analytic: bool = True, argv: list[str] | None = None) -> Report:
+    """`hardware_dirs`: `evalsuite profile` directories whose costs price the measured acceptance in the "other
+    hardware" table (besides the analytic H100 model unless `analytic` is False); `argv`: the command line, for
+    command.txt."""
     out = Path(out)
     results = load_results([Path(p) for p in paths], allow_mixed, tasks, methods, base=out)
     try:
@@ -86,21 +93,45 @@ def write_report(paths: list[Path], out: Path, formats: set[str] = frozenset(FOR
     report.files += [f for fig in figures for f in (fig.png, fig.svg)]
     report.notes += missing + results.notes
 
-    verdict_lines = verdict.verdicts(speed, overall, effect, results.tasks, set(cards), degenerate_table)
+    design = effects.context_design(turns)
+    drafting = [m for m in results.methods if m != BASELINE]
+    differences = effects.slope_differences(steps, turns, seed, n_resamples,
+                                            [(a, b) for i, a in enumerate(drafting) for b in drafting[i + 1:]])
+    e2e = _in_report_order(telemetry.end_to_end(steps, turns, seed, n_resamples), results)
+    from evalsuite.report.spans import load_run_spans
+
+    policy_scores = policy.evaluate_policy(turns, seed, n_resamples, spans=load_run_spans(results))
+    choices = policy.best_choices(turns, seed, n_resamples)
+    noise_cells = noise.noise_table(turns, {r.key: int(r.config.get("repeats") or 1) for r in results.runs})
+    surfaces, surface_notes = _surfaces(results, hardware_dirs or [], analytic)
+    projected = hardware.projections(steps, turns, surfaces, limits)
+    histogram = checks.accepted_length_histogram(steps)
+    verdict_lines = verdict.verdicts(speed, overall, effect, results.tasks, set(cards), degenerate_table, design,
+                                     differences, e2e)
     headline = [Box("verdict", "Verdict", [f"**{r.task}: {r.label}.** {r.sentence}"
                                            for r in verdict_lines.itertuples()]),
-                *headline_paragraphs(results, summary, speed, ranks, overall),
-                *headline_tables(summary, results.methods, results.tasks, ranks),
-                baseline_table(summary, turns, results.tasks)]
+                *headline_paragraphs(results, summary, speed, ranks, overall, noise_cells),
+                *headline_tables(summary, results.methods, results.tasks, ranks, e2e),
+                end_to_end_table(e2e), baseline_table(summary, turns, results.tasks)]
     sections = [
         Section("headline", "Headline", headline),
         Section("context", "Speedup and τ against context, within each task",
-                [figure.get("speedup_vs_context"), figure.get("context_effect"), context_effect_table(effect),
-                 figure.get("tau_vs_context"), context_table(curves), break_even_table(overall)]),
+                [figure.get("speedup_vs_context"), figure.get("context_effect"), design_table(design),
+                 context_effect_table(effect), slope_difference_table(differences), figure.get("tau_vs_context"),
+                 context_table(curves), break_even_table(overall)]),
+        Section("policy", "A speculation policy: what to run at which context",
+                [policy_table(policy_scores), choice_table(choices)]),
+        Section("hardware", "The cost model named: this answer on other hardware",
+                [hardware_table(projected, surface_notes)]),
         Section("costs", "Cost against context: why the speedup moves",
                 [figure.get("cost_vs_context"), cost_context_table(costs)]),
         Section("latency", "Telemetry: memory, latency and acceptance per method",
-                [telemetry_table(_in_report_order(telemetry.telemetry(steps, turns, limits), results))]),
+                [telemetry_table(_in_report_order(telemetry.telemetry(steps, turns, limits), results)),
+                 noise_table_of(noise_cells)]),
+        Section("checks", "Checks other harnesses print",
+                [identity_table(_in_report_order(checks.identity_table(steps, turns, limits), results)),
+                 histogram_table(histogram), matrix_table(checks.acceptance_matrix(steps), results.tasks,
+                                                          results.methods)]),
         Section("degenerate", "Degenerate turns: results with and without them",
                 [degenerate_turns_table(turns), without_degenerate_table(degenerate_table)]),
         Section("details", "Details",
@@ -135,6 +166,14 @@ def write_report(paths: list[Path], out: Path, formats: set[str] = frozenset(FOR
             stem.with_suffix(".csv").parent.mkdir(parents=True, exist_ok=True)
             table.csv.to_csv(stem.with_suffix(".csv"), index=False)
             report.files.append(stem.with_suffix(".csv"))
+    if "csv" in formats:
+        extra = {"end_to_end_turns": telemetry.end_to_end_turns(turns),
+                 "accepted_length_by_task": checks.accepted_length_histogram(steps, by_task=True)}
+        for name, frame in extra.items():
+            frame.to_csv(out / "tables" / f"{name}.csv", index=False)
+            report.files.append(out / "tables" / f"{name}.csv")
+    report.files.append(_write(out / "command.txt", checks.command_text(results.runs, argv, out,
+                                                                       lambda p: display_path(p, out))))
     title, subtitle = _titles(results)
     if "md" in formats:
         report.files.append(_write(out / "report.md", markdown_page(title, subtitle, warnings, report.notes,
@@ -183,7 +222,7 @@ def box_markdown(box: Box) -> str:
 
 # ---- the headline paragraph ------------------------------------------------------------------------------------
 def headline_paragraphs(results: Results, summary: pd.DataFrame, speed: pd.DataFrame, ranks: pd.DataFrame,
-                        overall: pd.DataFrame) -> list[str]:
+                        overall: pd.DataFrame, noise_cells: pd.DataFrame | None = None) -> list[str]:
     """A few generated sentences: the baseline's speed; per task the best method by the paired bootstrap and how
     many methods are faster than `ar` (interval clear of 1); each method's τ against its break-even; losslessness."""
     speeds = []
@@ -199,8 +238,9 @@ def headline_paragraphs(results: Results, summary: pd.DataFrame, speed: pd.DataF
             continue
         faster = int((cells.verdict == "faster than ar").sum())
         ranked = ranks[(ranks.task == task) & (ranks.measure == "speedup")]
-        per_task.append(f"On {task}, {decisions.best_sentence(ranked, task)}; {faster} of {len(cells)} drafting "
-                        f"methods are faster than `{BASELINE}` (speedup interval above 1).")
+        tie = noise.tie_clause(noise_cells, ranked, task) if noise_cells is not None else ""
+        per_task.append(f"On {task}, {decisions.best_sentence(ranked, task)}{tie}; {faster} of {len(cells)} "
+                        f"drafting methods are faster than `{BASELINE}` (decode-only speedup interval above 1).")
     break_even = " ".join(breakeven.break_even_sentence(overall, task) for task in results.tasks)
     drafting = summary[summary.method != BASELINE]
     greedy = drafting[drafting.compared_with_ar > 0]
@@ -218,7 +258,9 @@ def headline_paragraphs(results: Results, summary: pd.DataFrame, speed: pd.DataF
               f"{stats.MIN_INTERVAL_TRAJECTORIES} trajectories a cell has none and prints its n, and † marks cells "
               f"with fewer than {stats.MIN_TRAJECTORIES}. Best and ties are decided by a paired bootstrap of the "
               "ratio between two methods on the trajectories both ran, not by overlapping intervals.")
-    paragraphs = [" ".join(p for p in [first, *per_task] if p), break_even, lossless + " " + caveat]
+    noise_text = noise.noise_sentence(noise_cells) if noise_cells is not None else ""
+    paragraphs = [" ".join(p for p in [first, *per_task] if p), break_even,
+                  " ".join(p for p in (lossless, noise_text, caveat) if p)]
     return [p for p in paragraphs if p.strip()]
 
 
@@ -253,7 +295,8 @@ def data_provenance_table(results: Results) -> Table:
     rows = [[Cell(name)] + [Cell(_text(r[name])) for r in records] for name in fields]
     notes = ["data = run.json's data_sha256 (sha256 of a --data-path) or, for the bundled data, the commit it is "
              "versioned with", "replay source = run.json's replay_source where recorded, else the replay mode and "
-             "the task's source", "timing repeats = decodes per turn from the same seed; the median repeat is kept"]
+             "the task's source", "timing repeats = decodes per turn from the same seed; the record kept is the median "
+             "repeat (for an even count the lower middle one: of 2 repeats the faster, not a median of them)"]
     return Table("data_provenance", "Data and replay provenance", ["", *[r["run"] for r in records]], rows, notes,
                  pd.DataFrame(records))
 
@@ -426,3 +469,45 @@ def _write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def noise_table_of(cells: pd.DataFrame) -> Table | None:
+    if cells.empty:
+        return None
+    unmeasured = cells.groupby("task", sort=False).n_turns_measured.transform("sum") == 0
+    if unmeasured.any():  # a task with no measured turn: one row for all its methods
+        collapsed = cells[unmeasured].groupby(["task", "repeats", "status"], sort=False).agg(
+            n_turns=("n_turns", "max"), n_turns_measured=("n_turns_measured", "sum")).reset_index()
+        collapsed = collapsed.assign(method="every method", median_cv=float("nan"), p90_cv=float("nan"))
+        cells = pd.concat([collapsed[cells.columns], cells[~unmeasured]], ignore_index=True)
+    rows = [[Cell(r.task), Cell(r.method), Cell(r.repeats), Cell(f"{int(r.n_turns_measured)} / {int(r.n_turns)}"),
+             Cell(f"{100 * r.median_cv:.1f} %" if pd.notna(r.median_cv) else "–"),
+             Cell(f"{100 * r.p90_cv:.1f} %" if pd.notna(r.p90_cv) else "–"), Cell(r.status)]
+            for r in cells.itertuples(index=False)]
+    return Table("timing_noise", "Timing noise per task and method (spread over the --repeats decodes)",
+                 ["Task", "Method", "repeats", "turns measured", "median CV", "P90 CV", "status"], rows,
+                 [noise.NOISE_CONVENTION], cells)
+
+
+def _surfaces(results: Results, directories: list[Path], analytic: bool):
+    """The cost surfaces of the "other hardware" table and the notes under it."""
+    surfaces, notes = [], []
+    runs = regime.RunSteps(results.steps, results.turns)
+    devices = {str((r.config.get("environment") or {}).get("device_name")) for r in results.runs}
+    targets = {str(r.config.get("target_name")) for r in results.runs}
+    for directory in directories:
+        cost = regime.load_cost(directory)
+        same = str((cost.run.get("environment") or {}).get("device_name")) in devices and len(devices) == 1 and \
+            str(cost.run.get("target")) in targets
+        surface = hardware.from_profile(cost, runs, same, name=f"profile {display_path(directory)} "
+                                                              f"({(cost.run.get('environment') or {}).get('device_name')})")
+        surfaces.append(surface)
+        notes.append(f"{surface.name}: measured by `evalsuite profile` (random weights, costs only), "
+                     + ("the runs' own machine and target: validated at batch 1 ("
+                        + regime.validation_summary(surface.validation) + ")" if same else
+                        "another machine or target than the runs': not validated here"))
+    if analytic:
+        surface = hardware.analytic_h100_8b(hardware.host_draft_ms(results.steps))
+        surfaces.append(surface)
+        notes += surface.notes
+    return surfaces, notes

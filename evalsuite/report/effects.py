@@ -150,3 +150,122 @@ def per_doubling(slope_log_speedup: float) -> float:
 def change_over(slope_log_speedup: float, span: float) -> float:
     """The relative change of the speedup over a context growth by the factor `span` (e.g. a trajectory's own)."""
     return float(span ** slope_log_speedup - 1.0)
+
+
+# ---- is a context effect measurable by this design? ------------------------------------------------------------------
+MIN_DESIGN_SPAN = 2.0  # a trajectory must grow its context at least ×2 to say anything per doubling
+MIN_DESIGN_TRAJECTORIES = 5  # and at least this many trajectories must do so
+DESIGN_CONVENTION = (
+    f"a within-trajectory context effect is called measurable only where at least {MIN_DESIGN_TRAJECTORIES} "
+    f"trajectories of the task grow their context by at least ×{MIN_DESIGN_SPAN:g} from their first to their last "
+    "decoded turn; elsewhere the slopes are printed but no verdict reads them as a change with context")
+
+
+def context_design(turns: pd.DataFrame) -> pd.DataFrame:
+    """Per task: whether its design can show a context effect within trajectories (DESIGN_CONVENTION), with the
+    numbers behind the decision and the reason in words (columns task, n_trajectories, n_multi_turn,
+    n_spanning, median_span, measurable, reason). Spans are over each trajectory's decoded turns (any method)."""
+    rows = []
+    done = metrics.decoded(turns)
+    for task in dict.fromkeys(turns.task):
+        own = done[done.task == task]
+        keyed = own.drop_duplicates(["run", "sample_id", "turn"]) if len(own) else own
+        spans = keyed.groupby(["run", "sample_id"]).context_len.agg(["min", "max", "count"]) if len(keyed) else \
+            pd.DataFrame(columns=["min", "max", "count"])
+        multi = spans[spans["count"] > 1]
+        ratio = (multi["max"] / multi["min"].clip(lower=1)).astype(float)
+        spanning = int((ratio >= MIN_DESIGN_SPAN).sum())
+        median = float(ratio.median()) if len(ratio) else float("nan")
+        measurable = spanning >= MIN_DESIGN_TRAJECTORIES
+        if not len(multi):
+            reason = "every trajectory has one turn (contexts differ only between samples)"
+        elif measurable:
+            reason = (f"{spanning} of {len(multi)} trajectories grow their context ×{MIN_DESIGN_SPAN:g} or more "
+                      f"(median ×{median:.2f})")
+        else:
+            reason = (f"only {spanning} of {len(multi)} trajectories grow their context ×{MIN_DESIGN_SPAN:g} or more "
+                      f"(median growth ×{median:.2f}; at least {MIN_DESIGN_TRAJECTORIES} are needed)")
+        rows.append({"task": task, "n_trajectories": int(len(spans)), "n_multi_turn": int(len(multi)),
+                     "n_spanning": spanning, "median_span": median, "measurable": bool(measurable),
+                     "reason": reason})
+    return pd.DataFrame(rows, columns=["task", "n_trajectories", "n_multi_turn", "n_spanning", "median_span",
+                                       "measurable", "reason"])
+
+
+# ---- the difference of two methods' within-trajectory slopes, paired over trajectories ---------------------------
+def slope_difference(x_a, y_a, groups_a, x_b, y_b, groups_b, seed: int = 0,
+                     n_resamples: int = stats.DEFAULT_RESAMPLES,
+                     min_groups: int = MIN_INTERVAL_TRAJECTORIES) -> dict:
+    """slope(a) − slope(b) of the within (fixed-effects) regressions of y on x, with a PAIRED cluster bootstrap:
+    the trajectories (groups) both methods carry within information on are resampled once per resample, and both
+    slopes are refitted on that same resample (so what the two share, e.g. a trajectory whose context growth
+    slows both, cancels in the difference).
+
+    The reusable test of "does method a hold where method b falls": returns {difference, lo, hi, slope_a, slope_b,
+    n_groups, n_obs_a, n_obs_b}; slopes and difference over the shared groups only; no interval below
+    `min_groups` shared groups."""
+    sxy_a, sxx_a, n_a, g_a = within_sums(x_a, y_a, groups_a)
+    sxy_b, sxx_b, n_b, g_b = within_sums(x_b, y_b, groups_b)
+    a = pd.DataFrame({"sxy": sxy_a, "sxx": sxx_a, "n": n_a}, index=pd.Index(g_a, dtype=object))
+    b = pd.DataFrame({"sxy": sxy_b, "sxx": sxx_b, "n": n_b}, index=pd.Index(g_b, dtype=object))
+    scale = max(1.0, float(max(a.sxx.max() if len(a) else 0.0, b.sxx.max() if len(b) else 0.0)))
+    shared = [g for g in a.index if g in b.index and a.sxx[g] > 1e-12 * scale and b.sxx[g] > 1e-12 * scale]
+    out = {"difference": float("nan"), "lo": float("nan"), "hi": float("nan"), "slope_a": float("nan"),
+           "slope_b": float("nan"), "n_groups": len(shared), "n_obs_a": int(a.n.reindex(shared).sum()),
+           "n_obs_b": int(b.n.reindex(shared).sum())}
+    if not shared:
+        return out
+    per_unit = np.column_stack([a.sxy.reindex(shared), a.sxx.reindex(shared), b.sxy.reindex(shared),
+                                b.sxx.reindex(shared)]).astype(float)
+    total = per_unit.sum(axis=0)
+    out["slope_a"], out["slope_b"] = float(total[0] / total[1]), float(total[2] / total[3])
+    out["difference"] = float(_difference_from_sums(total))
+    if len(shared) >= min_groups:
+        low, high = stats.bootstrap_ci(per_unit, _difference_from_sums, seed, n_resamples)
+        out["lo"], out["hi"] = float(low), float(high)
+    return out
+
+
+def _difference_from_sums(sums: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return sums[..., 0] / sums[..., 1] - sums[..., 2] / sums[..., 3]
+
+
+DIFFERENCE_COLUMNS = ["task", "measure", "method_a", "method_b", "n_trajectories", "slope_a", "slope_b",
+                      "difference", "difference_lo", "difference_hi", "separable", "measurable"]
+DIFFERENCE_CONVENTION = (
+    "slope difference = slope(a) − slope(b) of the within-trajectory regressions (trajectory fixed effects) of the "
+    "paired per-turn log speedup (measure log_speedup: ×2^d per doubling of the context, the ratio of a's speedup "
+    "to b's) or the per-turn τ (measure tau: τ counts the bonus token; per unit log context) on log context; both "
+    "slopes are fitted over the trajectories both methods carry within information on; 95 % interval by a PAIRED "
+    "cluster bootstrap: the trajectories are resampled once and both slopes refitted on the same resample; "
+    "separable = the interval excludes 0; measurable = the task's design can show a context effect "
+    "(context_design); only rows both separable and measurable let a verdict compare two methods' trends")
+
+
+def slope_differences(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0,
+                      n_resamples: int = stats.DEFAULT_RESAMPLES, pairs: list[tuple[str, str]] | None = None,
+                      min_trajectories: int = MIN_INTERVAL_TRAJECTORIES) -> pd.DataFrame:
+    """For every pair of drafting methods on the same task (or the given `pairs`), for log speedup and for τ:
+    `slope_difference` over the turn table (DIFFERENCE_COLUMNS)."""
+    table = turn_table(steps, turns)
+    design = context_design(turns).set_index("task").measurable if len(turns) else pd.Series(dtype=bool)
+    rows = []
+    for task, cell in table.groupby("task", sort=False):
+        methods = list(dict.fromkeys(cell.method))
+        wanted = pairs if pairs is not None else [(a, b) for i, a in enumerate(methods) for b in methods[i + 1:]]
+        for a, b in wanted:
+            one, two = cell[cell.method == a], cell[cell.method == b]
+            if one.empty or two.empty:
+                continue
+            for measure, column in (("log_speedup", "log_speedup"), ("tau", "tau")):
+                fit = slope_difference(one.log_context, one[column], one.trajectory, two.log_context, two[column],
+                                       two.trajectory, stats.cell_seed(seed, "slope-diff", measure, a, b, task),
+                                       n_resamples, min_trajectories)
+                rows.append({"task": task, "measure": measure, "method_a": a, "method_b": b,
+                             "n_trajectories": fit["n_groups"], "slope_a": fit["slope_a"], "slope_b": fit["slope_b"],
+                             "difference": fit["difference"], "difference_lo": fit["lo"],
+                             "difference_hi": fit["hi"],
+                             "separable": bool(np.isfinite(fit["lo"]) and (fit["lo"] > 0 or fit["hi"] < 0)),
+                             "measurable": bool(design.get(task, False))})
+    return pd.DataFrame(rows, columns=DIFFERENCE_COLUMNS)

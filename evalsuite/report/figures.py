@@ -107,26 +107,30 @@ def write_figures(results: Results, summary: pd.DataFrame, curves: pd.DataFrame,
     builders = [
         ("speedup_vs_context", "Speedup against context, within each task",
          "One panel per task (columns); learned and model-free drafters in separate rows so their ranges do not "
-         "squash each other. Bold: pooled speedup per context bin (quantile bins of the task's turn contexts) at "
-         "the bin's median context, and its 95 % trajectory-bootstrap interval; "
-         f"thin lines: each trajectory's per-turn speedup; n under each bin = trajectories in it; intervals where "
-         f"the bin holds ≥ {stats.MIN_INTERVAL_TRAJECTORIES} trajectories; † = fewer than {stats.MIN_TRAJECTORIES} "
-         "trajectories; dashed line: AR. Bins mix trajectories and turn positions: the within-trajectory effect "
+         "squash each other. Bold: the pooled speedup per context bin (quantile bins of the task's turn contexts; "
+         "Σ AR time / Σ method time per token over the bin's turns, the table's number) at the bin's median "
+         "context, with its 95 % trajectory-bootstrap band; faded lines behind it: each trajectory's per-turn "
+         f"speedup; n under each bin = trajectories in it; a band (and a filled marker) only where the bin holds ≥ "
+         f"{stats.MIN_INTERVAL_TRAJECTORIES} trajectories and ≥ {stats.MIN_INTERVAL_TURNS} turns, a hollow marker "
+         f"otherwise (the point alone); † = fewer than {stats.MIN_TRAJECTORIES} trajectories; dashed line: AR; "
+         "nothing is clipped (a panel whose values span more than 3× has a log scale). Bins mix trajectories and turn positions: the within-trajectory effect "
          "is the next figure.",
          lambda: _context_figure(curves, turns, groups, tasks, palette, "speedup", "speedup over AR (×)")),
         ("context_effect", "Speedup against context within trajectories",
          "Paired per-turn speedup (the method's decode time per token against `ar`'s on the same turn) against "
-         "the turn's context, log–log, one thin line per trajectory (its turns in order). Bold: the pooled "
+         "the turn's context, log–log, one faded line per trajectory (its turns in order). Bold: the pooled "
          "within-trajectory slope (trajectory fixed effects) through the centroid of the turns that carry within "
          "information, drawn over the context growth of a typical trajectory (its median span), with its 95 % "
          f"cluster-bootstrap fan (none below {stats.MIN_INTERVAL_TRAJECTORIES} "
          "trajectories); b = d log speedup / d log context (×2^b per doubling). Dashed: 1× (AR). Tasks whose "
-         "trajectories have one turn each have no panel.",
+         "trajectories have one turn each have no panel; a panel marked \"not measurable here\" is a task whose "
+         "trajectories do not grow their context ×2 over at least 5 trajectories (its slope is drawn, not read); "
+         "two methods' trends are compared only by the paired slope differences (table below).",
          lambda: context_effect_figure(results.steps, results.turns, effect, methods, tasks, palette)
          if effect is not None else None),
         ("tau_vs_context", "τ against context, within each task, with break-even τ*",
-         "As the speedup figure: bold = pooled τ per context bin of the task, thin = each trajectory's per-turn "
-         "τ; τ counts the bonus token. Horizontal dashes, in the method's colour: its break-even τ* in the same "
+         "As the speedup figure: bold = pooled τ per context bin of the task with its 95 % band (hollow marker: "
+         "too few trajectories or turns for one), faded = each trajectory's per-turn τ; τ counts the bonus token. Horizontal dashes, in the method's colour: its break-even τ* in the same "
          "bin (draft + verify ms per step / the target's one-token decode ms): a method whose τ lies above its "
          "dash is faster than `ar` there.",
          lambda: _context_figure(curves, turns, groups, tasks, palette, "tau", "τ")),
@@ -143,9 +147,10 @@ def write_figures(results: Results, summary: pd.DataFrame, curves: pd.DataFrame,
          "skipped turns (context limit) have no steps and are counted in the panel title.",
          lambda: _tau_vs_turn(drafting, results.turns, groups, tasks, palette, seed, n_resamples)),
         ("per_position", "Per-position acceptance per task (marginal and conditional)",
-         "Per task (columns): marginal P(1..j all accepted) over every verify step whose budget left room for j "
+         "One row per task: marginal P(1..j all accepted) over every verify step whose budget left room for j "
          "drafts (a drafter that proposed fewer than j counts as not accepted), and conditional P(j accepted | "
-         "1..j-1 accepted); the number on each bar is the steps behind it; a position never reached has no bar.",
+         "1..j-1 accepted); the number on every bar is the steps behind it (marginal: steps with room for j; "
+         "conditional: steps that reached j); a position never reached has no bar.",
          lambda: _per_position(drafting, results.turns, methods, tasks, palette, limits)),
         ("speedup_per_task", "Speedup per task",
          "Paired AR decode time per token / method decode time per token, pooled over turns; error bars: 95 % "
@@ -229,32 +234,45 @@ def _context_figure(curves, turns, groups, tasks, palette, measure: str, ylabel:
             for method in methods:
                 style = palette.line(method)
                 for _, trajectory in thin[thin.method == method].groupby(["run", "sample_id"]):
-                    trajectory = trajectory.sort_values("turn")
+                    trajectory = trajectory.sort_values("turn")  # faded: the pooled line and band are the message
                     ax.plot(trajectory.context_len, trajectory[per_turn_column], color=style["color"],
-                            linewidth=0.7, alpha=0.35, marker=".", markersize=2.5, label="_trajectory")
+                            linewidth=0.5, alpha=0.14, label="_trajectory", zorder=1)
                 cell = cells[cells.method == method].sort_values("context_median")
                 if cell.empty:
                     continue
-                ax.plot(cell.context_median, cell[measure], linewidth=2.0, markersize=5, label=method, **style)
+                x, y = cell.context_median.to_numpy(float), cell[measure].to_numpy(float)
+                low, high = cell[low_col].to_numpy(float), cell[high_col].to_numpy(float)
+                banded = np.isfinite(low) & np.isfinite(high)
+                if banded.any():  # the 95 % band where the bin has enough trajectories and turns for one
+                    ax.fill_between(x, np.where(banded, low, y), np.where(banded, high, y), color=style["color"],
+                                    alpha=0.18, linewidth=0, zorder=2)
+                ax.plot(x, y, linewidth=2.0, markersize=5, label=method, zorder=3,
+                        **{**style, "marker": "none"})
+                ax.plot(x[banded], y[banded], linestyle="none", marker=style["marker"], markersize=5,
+                        color=style["color"], zorder=4, label="_with_interval")
+                ax.plot(x[~banded], y[~banded], linestyle="none", marker=style["marker"], markersize=5,
+                        markerfacecolor="white", color=style["color"], zorder=4, label="_no_interval")
                 if measure == "tau" and "tau_break_even" in cell.columns and cell.tau_break_even.notna().any():
                     ax.plot(cell.context_median, cell.tau_break_even, color=style["color"], linestyle="none",
                             marker="_", markersize=16, markeredgewidth=2.4, alpha=0.85, label="_break_even")
                     pooled_values.append(cell.tau_break_even.to_numpy(float))
-                error = np.clip(np.vstack([cell[measure] - cell[low_col], cell[high_col] - cell[measure]]), 0, None)
-                shown = np.isfinite(error).all(axis=0)  # a one-trajectory cell has no interval to draw
-                if shown.any():
-                    ax.errorbar(cell.context_median.to_numpy()[shown], cell[measure].to_numpy()[shown],
-                                yerr=error[:, shown], fmt="none", ecolor=style["color"], capsize=2.5, elinewidth=1.0)
             if measure == "speedup":
                 ax.axhline(1.0, color="#555555", linestyle="--", linewidth=0.9)
             elif "tau_break_even" in cells.columns and cells.tau_break_even.notna().any():
                 ax.plot([], [], color="#555555", linestyle="none", marker="_", markersize=16, markeredgewidth=2.4,
                         label="τ* (break-even)")
-            # the axis follows the pooled values; trajectory lines beyond the 2nd-98th percentile are clipped
-            clipped = np.nanpercentile(thin_values, [2, 98]) if np.isfinite(thin_values).any() else []
-            limits = _limits(pooled_values + [np.asarray(clipped)] + ([np.array([1.0])] if measure == "speedup"
-                                                                           else []))
-            if limits is not None:
+            # nothing clipped: the axis holds every trajectory's values as well as the pooled ones
+            limits = _limits(pooled_values + [thin_values] + ([np.array([1.0])] if measure == "speedup" else []))
+            data = np.concatenate([np.asarray(v, float).ravel() for v in pooled_values + [thin_values]])
+            data = data[np.isfinite(data) & (data > 0)]
+            if len(data) and data.max() > 3 * data.min():  # a wide range: log scale, so the pooled lines keep room
+                ax.set_yscale("log")
+                ax.set_ylim(min(data.min(), 1.0) / 1.08, data.max() * 1.08)
+                ax.yaxis.set_major_locator(matplotlib.ticker.FixedLocator(
+                    _nice_ticks(min(data.min(), 1.0) / 1.08, data.max() * 1.08)))
+                ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+                ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            elif limits is not None:
                 ax.set_ylim(*limits)
             _context_axis(ax, np.concatenate([cells.context_median.to_numpy(), thin.context_len.to_numpy(float)]))
             bins = cells.groupby("context_median").n_trajectories.max()
@@ -354,43 +372,48 @@ def _tau_vs_turn(steps, turns, groups, tasks, palette, seed, n_resamples) -> Fig
 
 
 def _per_position(steps, turns, methods, tasks, palette, limits) -> Figure | None:
+    """One row per task, marginal (left) and conditional (right), the steps behind each bar printed on it (every
+    bar: a rate over 3 steps must not look like one over 3,000)."""
     methods = [m for m in methods if (steps[steps.method == m].num_drafted > 0).any()]
     table = positions.position_table(steps[steps.method.isin(methods)], turns, limits, by_tercile=False)
     tasks = [t for t in tasks if t in set(table.task)]
     if table.empty or not tasks:
         return None
     k = int(table.position.max())
-    figure, axes = _grid(2, len(tasks), height=2.6)
+    figure, axes = _grid(len(tasks), 2, height=2.5)
     width = 0.8 / len(methods)
-    for c, task in enumerate(tasks):
+    for r, task in enumerate(tasks):
         for i, method in enumerate(methods):
             rates = table[(table.task == task) & (table.method == method)]
             if rates.empty:
                 continue
             x = rates.position.to_numpy() + (i - (len(methods) - 1) / 2) * width
-            for r, (column, count) in enumerate((("marginal", "room"), ("conditional", "reached"))):
+            for c, (column, count) in enumerate((("marginal", "room"), ("conditional", "reached"))):
                 shown = rates[count].to_numpy() > 0  # a position never reached has no bar (not a bar at 0)
                 bars = axes[r, c].bar(x[shown], rates[column].to_numpy()[shown], width=width,
                                       color=palette(method), label=method)
-                if len(tasks) <= 2:
-                    axes[r, c].bar_label(bars, labels=[f"{n:,}" for n in rates[count].to_numpy()[shown]],
-                                         fontsize=5, rotation=90, padding=1.5, color="#3b4550")
-        for r, title in enumerate(("marginal: P(1..j all accepted)", "conditional: P(j | 1..j-1)")):
+                axes[r, c].bar_label(bars, labels=[_count(n) for n in rates[count].to_numpy()[shown]],
+                                     fontsize=4.6, rotation=90, padding=1.0, color="#3b4550")
+        for c, title in enumerate(("marginal: P(1..j all accepted)", "conditional: P(j | 1..j-1)")):
             ax = axes[r, c]
-            ax.set_title(f"{task}: {title}" if len(tasks) <= 2 else (task if r == 0 else "") , fontsize=8.5)
-            ax.set_ylim(0, 1.18 if len(tasks) <= 2 else 1.02)
+            ax.set_title(f"{task}: {title}", fontsize=8.5)
+            ax.set_ylim(0, 1.22)
             ax.set_yticks([0, 0.25, 0.5, 0.75, 1.0])
             ax.set_xticks(range(1, k + 1))
-            if r == 1:
+            if r == len(tasks) - 1:
                 ax.set_xlabel("draft position j")
-    axes[0, 0].set_ylabel("marginal")
-    axes[1, 0].set_ylabel("conditional")
+        axes[r, 0].set_ylabel("rate")
     _legend(figure, axes)
     return figure
 
 
+def _count(n: int) -> str:
+    """A bar's step count, short: 3, 412, 3.1k."""
+    return f"{n / 1000:.1f}k" if n >= 10_000 else f"{n:,}" if n < 1000 else f"{n / 1000:.1f}k"
+
+
 # ---- the within-trajectory context effect --------------------------------------------------------------------------
-NICE = (0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 7.0, 10.0, 20.0)
+NICE = (0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0, 1.2, 1.5, 2.0, 3.0, 4.0, 5.0, 7.0, 10.0, 20.0)
 
 
 def context_effect_figure(steps: pd.DataFrame, turns: pd.DataFrame, effect: pd.DataFrame,
@@ -406,6 +429,7 @@ def context_effect_figure(steps: pd.DataFrame, turns: pd.DataFrame, effect: pd.D
     if not tasks or not methods:
         return None
     palette = palette or Palette(methods)
+    measurable = dict(zip(*effects.context_design(turns)[["task", "measurable"]].to_numpy().T))
     figure = Figure(figsize=(FIG_WIDTH, 1.9 * len(methods) + 0.6), layout="constrained")
     axes = figure.subplots(len(methods), len(tasks), squeeze=False, sharex="col", sharey="row")
     for r, method in enumerate(methods):
@@ -416,11 +440,11 @@ def context_effect_figure(steps: pd.DataFrame, turns: pd.DataFrame, effect: pd.D
             style = palette.line(method)
             for _, trajectory in cell.groupby("trajectory", sort=False):
                 trajectory = trajectory.sort_values("turn")
-                ax.plot(trajectory.context_len, trajectory.speedup_turn, color=style["color"], linewidth=0.8,
-                        alpha=0.45, marker=style["marker"], markersize=2.5, label="_trajectory")
+                ax.plot(trajectory.context_len, trajectory.speedup_turn, color=style["color"], linewidth=0.6,
+                        alpha=0.22, marker=style["marker"], markersize=1.8, label="_trajectory")
             ax.axhline(1.0, color="#555555", linestyle="--", linewidth=0.9)
             if len(row) and np.isfinite(row.slope_log_speedup.iloc[0]):
-                _draw_slope(ax, cell, row.iloc[0], style, method)
+                _draw_slope(ax, cell, row.iloc[0], style, method, measurable.get(task, True))
             _log_axes(ax, cell.context_len.to_numpy(float))
             if r == 0:
                 ax.set_title(task)
@@ -458,7 +482,7 @@ def _log_axes(ax, contexts: np.ndarray) -> None:
     ax.tick_params(axis="x", labelsize=7.5, which="both")
 
 
-def _draw_slope(ax, cell: pd.DataFrame, row, style: dict, method: str) -> None:
+def _draw_slope(ax, cell: pd.DataFrame, row, style: dict, method: str, measurable: bool = True) -> None:
     inside = cell.groupby("trajectory").context_len.transform("nunique") > 1
     used = cell[inside]
     if used.empty:
@@ -476,8 +500,10 @@ def _draw_slope(ax, cell: pd.DataFrame, row, style: dict, method: str) -> None:
         ax.fill_between(np.exp(xs), np.exp(np.minimum(low, high)), np.exp(np.maximum(low, high)),
                         color=style["color"], alpha=0.15, linewidth=0)
         label += f" [{row.slope_lo:+.2f}, {row.slope_hi:+.2f}]"
-    label += f", n={int(row.n_trajectories)}"
-    ax.text(0.02, 0.96, label, transform=ax.transAxes, ha="left", va="top", fontsize=7, color="#2b333b")
+    label += f"\nn={int(row.n_trajectories)}" + ("" if measurable else " · not measurable here")
+    text = ax.text(0.02, 0.97, label, transform=ax.transAxes, ha="left", va="top", fontsize=6.5, color="#2b333b",
+                   bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1.0}, zorder=5)
+    text.set_in_layout(False)  # the label sits inside the panel; it must not push the layout
 
 
 def _speedup_per_task(summary, methods, tasks, palette) -> Figure | None:

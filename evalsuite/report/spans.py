@@ -42,6 +42,19 @@ from evalsuite.spans import (COPY_SPANS, DEFAULT_THRESHOLD, KINDS, LABELLER_VERS
                              of_version)
 from evalsuite.store import read_table
 SPANS = (*KINDS, *COPY_SPANS, "all")
+# Tasks whose samples carry function schemas, where a JSON object or call list is a tool call; elsewhere (MT-Bench,
+# GSM8K, SWE-Bench's mini-swe-agent, which acts through shell code blocks) the labeller's `tool_call` kind is
+# structured output (JSON, a call list) and is shown as "structured".
+TASKS_WITH_TOOLS = ("bfcl-v3",)
+
+
+def shown_kind(kind: str, task: str) -> str:
+    """The name a span kind is shown under for a task: `tool_call` → "structured" where the task has no tools (a
+    run with --data-path and a trajectory format may carry tools: shown as labelled, "tool call")."""
+    base = str(task).split(" T=")[0].split(":")[0]
+    if kind == "tool_call":
+        return "tool call" if base in TASKS_WITH_TOOLS else "structured"
+    return kind.replace("_", " ")
 COLUMNS = ["task", "method", "span", "n_tokens", "share_of_output", "drafted", "accepted", "acceptance_per_drafted",
            "mean_accepted_per_step"]
 COPY_COLUMNS = ["task", "contexts", "context_lo", "context_hi", "turns", "tokens", "copy_ratio",
@@ -263,10 +276,10 @@ def load_run_spans(results) -> pd.DataFrame:
 # ---- the report section ------------------------------------------------------------------------------------------
 
 
-def _kind_shares(per_turn: pd.DataFrame) -> str:
+def _kind_shares(per_turn: pd.DataFrame, task: str = "") -> str:
     weights = per_turn.tokens
     shares = {kind: float((per_turn[f"share_{kind}"] * weights).sum() / max(weights.sum(), 1)) for kind in KINDS}
-    return ", ".join(f"{share:.0%} {kind.replace('_', ' ')}" for kind, share in
+    return ", ".join(f"{share:.0%} {shown_kind(kind, task)}" for kind, share in
                      sorted(shares.items(), key=lambda kv: -kv[1]) if share >= 0.005)
 
 
@@ -286,7 +299,7 @@ def span_paragraph(acceptance: pd.DataFrame, copy: pd.DataFrame, per_turn: pd.Da
             low, high = binned.iloc[0], binned.iloc[-1]
             sentence += (f", {low.copy_ratio:.0%} in the shortest contexts ({low.context_lo:,}–{low.context_hi:,} "
                          f"tokens) and {high.copy_ratio:.0%} in the longest ({high.context_lo:,}–{high.context_hi:,})")
-        kinds = _kind_shares(reference[reference.task == task])
+        kinds = _kind_shares(reference[reference.task == task], task)
         sentence += f"; the replies are {kinds}." if kinds else "."
         cells = acceptance[acceptance.task == task].set_index(["method", "span"])
         pairs = []
@@ -319,10 +332,11 @@ def acceptance_table(acceptance: pd.DataFrame, threshold: int):
     from evalsuite.report.tables import Cell, Table
 
     shown = acceptance[(acceptance.n_tokens > 0) | (acceptance.drafted > 0)]
-    rows = [[Cell(r.task), Cell(r.method), Cell(r.span), Cell(int(r.n_tokens)), Cell(float(r.share_of_output), digits=3),
+    rows = [[Cell(r.task), Cell(r.method), Cell(shown_kind(r.span, r.task)), Cell(int(r.n_tokens)), Cell(float(r.share_of_output), digits=3),
              Cell(int(r.drafted)), Cell(int(r.accepted)), Cell(float(r.acceptance_per_drafted)),
              Cell(float(r.mean_accepted_per_step))] for r in shown.itertuples()]
-    notes = [f"span: the kind of text at the position (tool_call, code, prose, other; docs/spans.md), or copied "
+    notes = [f"span: the kind of text at the position (tool call on tasks with tools, structured (JSON, call "
+             f"lists) elsewhere, code, prose, other; docs/spans.md), or copied "
              f"(copy length ≥ {threshold} tokens: the tokens ending there occur earlier in the context or the reply) "
              f"and novel; all: every position",
              SPAN_CONVENTION]
@@ -371,6 +385,10 @@ def span_figure(acceptance: pd.DataFrame, tasks: list[str], methods: list[str]):
         ax = axes[0, c]
         own = acceptance[acceptance.task == task]
         present = [s for s in (*KINDS, *COPY_SPANS) if (own[own.span == s].n_tokens > 0).any()]
+        # shares of the output pooled over the panel's methods: the kinds add to 100 %, copied + novel too
+        pooled = own[own.span.isin(present)].groupby("span").n_tokens.sum()
+        total_kinds = max(int(pooled.reindex(KINDS).fillna(0).sum()), 1)
+        total_copy = max(int(pooled.reindex(COPY_SPANS).fillna(0).sum()), 1)
         x_of = {}
         for i, span in enumerate(present):
             x_of[span] = i + (0.6 if span in COPY_SPANS else 0.0)  # a gap between kinds and copied/novel
@@ -379,13 +397,13 @@ def span_figure(acceptance: pd.DataFrame, tasks: list[str], methods: list[str]):
             x = np.array([x_of[s] for s in present]) + (i - (len(methods) - 1) / 2) * width
             values = np.array([rows.acceptance_per_drafted.get(s, np.nan) for s in present], float)
             ax.bar(x, np.nan_to_num(values), width=width, color=palette(method), label=method)
-        shares = own.groupby("span").share_of_output.max()
+        shares = {s: pooled.get(s, 0) / (total_copy if s in COPY_SPANS else total_kinds) for s in present}
         ax.set_xticks([x_of[s] for s in present],  # slanted: six labels side by side in a narrow panel
-                      [f"{s.replace('_', ' ')} {_percent(shares.get(s, 0))}" for s in present], fontsize=7.5,
+                      [f"{shown_kind(s, task)} {_percent(shares.get(s, 0))}" for s in present], fontsize=7.5,
                       rotation=35, ha="right", rotation_mode="anchor")
         if any(s in COPY_SPANS for s in present) and any(s in KINDS for s in present):
             ax.axvline(max(x_of[s] for s in present if s in KINDS) + 0.8, color="#999999", linewidth=0.8)
-        ax.set_ylim(0, 1.0)
+        ax.set_ylim(0, 1.06)
         ax.set_title(task)
     axes[0, 0].set_ylabel("accepted per drafted token")
     _legend(figure, axes)
@@ -439,8 +457,10 @@ def span_section(results, directory, threshold: int | None = None, spans: pd.Dat
             figure.savefig(svg, metadata={"Date": None, "Creator": None})
             caption = ("Accepted drafts per drafted token at positions of each kind (left) and at copied / novel "
                        f"positions (right; copied: copy length ≥ {threshold} tokens), methods side by side, one panel "
-                       "per task; under each span its share of the output. A rejected draft counts at the position "
-                       "it aimed at.")
+                       "per task; under each span its share of the output tokens, pooled over the panel's methods "
+                       "(the kinds add to 100 %, and copied + novel add to 100 %). A rejected draft counts at the "
+                       "position it aimed at. JSON objects and call lists are \"tool call\" only on tasks with tools "
+                       f"({', '.join(TASKS_WITH_TOOLS)}), \"structured\" elsewhere.")
             items.append(FigureFile("acceptance_by_span", "Acceptance per drafted token by span", caption, png, svg))
             files += [png, svg]
     if not copy.empty:

@@ -23,14 +23,21 @@ CONTEXT_CONVENTION = ("context = the turn's prompt length in tokens (what the ta
                       "are quantile bins of each task's own turn contexts, so no bin mixes tasks; a turn's steps "
                       "and its speedup fall in its turn's bin")
 MIN_TRAJECTORIES = 5  # below this many trajectories a cell carries a visible note
+MIN_INTERVAL_TURNS = 5  # a context bin with fewer turns shows its point only, marked (no interval)
+FEW_TURNS_MARK = "‡"
+FEW_TURNS_NOTE = (f"{FEW_TURNS_MARK} fewer than {MIN_INTERVAL_TURNS} turns in this context bin: the point alone, no "
+                  f"interval (an interval over so few turns, e.g. a bin of 3 turns, would be far too narrow)")
 SKIPPED_CONVENTION = "turns skipped at the context limit are excluded from τ and speedup and counted in `skipped`"
 
 DEFAULT_RESAMPLES = 2000
 
 
-def _speedup_from_sums(sums: np.ndarray) -> np.ndarray:
+def speedup_from_sums(sums: np.ndarray) -> np.ndarray:
     """sums[..., :] = (AR seconds, AR tokens, method seconds, method tokens)."""
     return metrics.speedup_ratio(sums[..., 0], sums[..., 1], sums[..., 2], sums[..., 3])
+
+
+_speedup_from_sums = speedup_from_sums
 
 
 def _ratio(sums: np.ndarray) -> np.ndarray:
@@ -274,7 +281,7 @@ def context_curves(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0, n_re
                 if not in_bin.any():
                     continue
                 n_traj = int(unit_of[in_bin].nunique())
-                interval = n_traj >= MIN_INTERVAL_TRAJECTORIES
+                interval = n_traj >= MIN_INTERVAL_TRAJECTORIES and int(in_bin.sum()) >= MIN_INTERVAL_TURNS
                 rows.append({
                     "task": task, "method": method, "context_lo": int(edges[b]), "context_hi": int(edges[b + 1]) - 1,
                     "n_trajectories": n_traj, "n_turns": int(in_bin.sum()), "n_steps": int(tau_units[:, b, 1].sum()),

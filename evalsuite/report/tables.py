@@ -14,7 +14,8 @@ import pandas as pd
 
 from evalsuite import conventions, metrics
 from evalsuite.conventions import BASELINE
-from evalsuite.report import breakeven, decisions, effects, positions, stats, telemetry
+from evalsuite.report import (breakeven, checks, decisions, effects, hardware, policy, positions, stats,
+                              telemetry)
 
 @dataclass
 class Cell:
@@ -27,6 +28,7 @@ class Cell:
     digits: int = 2
     unit: str = ""  # "bytes": printed as B/KiB/MiB/GiB
     count: int | None = None  # a count shown after the value, e.g. the steps behind a rate: "0.81 (n=345)"
+    mark: str = ""  # a mark printed after the value (e.g. ‡: a bin too small for an interval)
 
     @property
     def has_interval(self) -> bool:
@@ -56,6 +58,8 @@ class Cell:
             body += f" (n={self.count:,})"
         if self.few:
             body += " †"
+        if self.mark:
+            body += f" {self.mark}"
         if self.tie:
             body += " ≈"
         return body
@@ -222,12 +226,14 @@ def _drafting_methods(methods: list[str]) -> list[str]:
 
 # ---- the headline: Table 1 with τ and speedup per task, one block per temperature -----------------------------
 def headline_tables(summary: pd.DataFrame, methods: list[str], tasks: list[str],
-                    ranks: pd.DataFrame | None = None) -> list[Table]:
+                    ranks: pd.DataFrame | None = None, e2e: pd.DataFrame | None = None) -> list[Table]:
     """Paper-style Table 1: rows = drafting methods, per task τ and speedup side by side, then the Mean over tasks;
     one table per temperature. Each task's header says its n; a cell whose n differs prints its own. `ranks`
     (`decisions.rank_methods` for "tau" and "speedup", stacked) decides bold and ties; without it nothing is
-    marked."""
+    marked. `e2e` (`telemetry.end_to_end`) adds an end-to-end (turn-latency) speedup beside each decode-only one."""
     tables = []
+    width = 3 if e2e is not None and len(e2e) else 2
+    latency = {(r.method, r.task): r for r in e2e.itertuples(index=False)} if width == 3 else {}
     temperatures = sorted(set(summary.temperature.dropna())) or [float("nan")]
     for temperature in temperatures:
         block = summary[(summary.temperature == temperature) & summary.method.isin(_drafting_methods(methods))]
@@ -238,19 +244,25 @@ def headline_tables(summary: pd.DataFrame, methods: list[str], tasks: list[str],
         common_n = {t: int(block[block.task == t].trajectories.max()) for t in block_tasks}
         rows, records = [], []
         for method in [m for m in _drafting_methods(methods) if m in set(block.method)]:
-            row, taus, speedups = [Cell(method)], [], []
+            row, taus, speedups, ends = [Cell(method)], [], [], []
             for task in block_tasks:
                 r = lookup.get((method, task))
                 if r is None:
-                    row += [Cell(None), Cell(None)]
+                    row += [Cell(None)] * width
                     taus.append(float("nan"))
                     speedups.append(float("nan"))
+                    ends.append(float("nan"))
                     continue
                 n = int(r.trajectories)
                 row += [Cell(r.tau, r.tau_ci_low, r.tau_ci_high, n),
                         Cell(r.speedup, r.speedup_ci_low, r.speedup_ci_high, n)]
                 if n != common_n[task] and n >= stats.MIN_INTERVAL_TRAJECTORIES:
                     row[-1].count = n
+                if width == 3:
+                    e = latency.get((method, task))
+                    row.append(Cell(e.latency_speedup, e.latency_speedup_lo, e.latency_speedup_hi,
+                                    int(e.n_trajectories)) if e is not None else Cell(None))
+                    ends.append(e.latency_speedup if e is not None else float("nan"))
                 taus.append(r.tau)
                 speedups.append(r.speedup)
                 records.append({"temperature": temperature, "method": method, "task": task,
@@ -258,7 +270,7 @@ def headline_tables(summary: pd.DataFrame, methods: list[str], tasks: list[str],
                                                               "tau_ci_high", "speedup", "speedup_ci_low",
                                                               "speedup_ci_high")}})
             mean_tau, mean_speedup = _mean(taus), _mean(speedups)
-            row += [Cell(mean_tau), Cell(mean_speedup)]
+            row += [Cell(mean_tau), Cell(mean_speedup)] + ([Cell(_mean(ends))] if width == 3 else [])
             records.append({"temperature": temperature, "method": method, "task": "Mean", "tau": mean_tau,
                             "speedup": mean_speedup})
             rows.append(row)
@@ -266,11 +278,11 @@ def headline_tables(summary: pd.DataFrame, methods: list[str], tasks: list[str],
             for i, task in enumerate(block_tasks):
                 for offset, measure in ((1, "tau"), (2, "speedup")):
                     cells = ranks[(ranks.task == task) & (ranks.measure == measure)]
-                    mark_ranked(rows, 1 + 2 * i + offset - 1, dict(zip(cells.method, cells.status)))
+                    mark_ranked(rows, 1 + width * i + offset - 1, dict(zip(cells.method, cells.status)))
         turns_of = {t: int(block[block.task == t].turns.max()) for t in block_tasks}
-        groups = [("", 1)] + [(f"{t} (n={common_n[t]}, {turns_of[t]} turns)", 2) for t in block_tasks] + \
-                 [("Mean", 2)]
-        notes = [conventions.TAU, conventions.SPEEDUP, stats.CI_CONVENTION,
+        groups = [("", 1)] + [(f"{t} (n={common_n[t]}, {turns_of[t]} turns)", width) for t in block_tasks] + \
+                 [("Mean", width)]
+        notes = [conventions.TAU, conventions.SPEEDUP + " (the decode-only speedup)", stats.CI_CONVENTION,
                  "n = trajectories (sampled tasks / conversations) per cell, as in each task's header unless the "
                  "cell says otherwise", BOLD_NOTE,
                  "Mean = unweighted mean over the tasks of this block (no interval; blank when a method lacks a task)",
@@ -278,9 +290,15 @@ def headline_tables(summary: pd.DataFrame, methods: list[str], tasks: list[str],
                  _skipped_note(block)]
         if any(c.few for row in rows for c in row):
             notes.insert(0, FEW_NOTE)
+        if width == 3:
+            notes.insert(2, "end-to-end = the turn-latency speedup: (Σ `ar` (shared prefill + decode) / Σ `ar` "
+                            "tokens) / (Σ (shared prefill + decode) / Σ tokens) over the paired turns, what a user "
+                            "waiting for the whole reply sees; the end-to-end table below has TTFT and ITL too")
         label = f"T = {temperature:g}"
-        tables.append(Table(f"table1_T{temperature:g}", f"Table 1 ({label}): τ and speedup per task",
-                            ["Method"] + ["τ", "speedup"] * (len(block_tasks) + 1), rows, notes,
+        columns = ["τ", "speedup", "end-to-end"] if width == 3 else ["τ", "speedup"]
+        tables.append(Table(f"table1_T{temperature:g}", f"Table 1 ({label}): τ and speedup per task"
+                            + (" (decode-only and end to end)" if width == 3 else ""),
+                            ["Method"] + columns * (len(block_tasks) + 1), rows, notes,
                             pd.DataFrame(records), groups=groups))
     return tables
 
@@ -349,11 +367,14 @@ def context_table(curves: pd.DataFrame) -> Table | None:
     rows = []
     for r in curves.itertuples(index=False):
         n = int(r.n_trajectories)
+        few = stats.FEW_TURNS_MARK if int(r.n_turns) < stats.MIN_INTERVAL_TURNS and \
+            n >= stats.MIN_INTERVAL_TRAJECTORIES else ""
         rows.append([Cell(r.task), Cell(r.method), Cell(f"{r.context_lo:,}–{r.context_hi:,}"), Cell(n),
-                     Cell(int(r.n_turns)), Cell(int(r.n_steps)), Cell(r.tau, r.tau_lo, r.tau_hi, n)]
+                     Cell(int(r.n_turns)), Cell(int(r.n_steps)), Cell(r.tau, r.tau_lo, r.tau_hi, n, mark=few)]
                     + ([Cell(r.tau_break_even)] if with_star else [])
-                    + [Cell(r.speedup, r.speedup_lo, r.speedup_hi, n)])
-    notes = [stats.CONTEXT_CONVENTION, conventions.TAU, conventions.SPEEDUP, stats.CI_CONVENTION]
+                    + [Cell(r.speedup, r.speedup_lo, r.speedup_hi, n, mark=few)])
+    notes = [stats.CONTEXT_CONVENTION, conventions.TAU, conventions.SPEEDUP, stats.CI_CONVENTION,
+             stats.FEW_TURNS_NOTE]
     if with_star:
         notes.insert(1, breakeven.BREAK_EVEN_CONVENTION)
     if (curves.n_trajectories < stats.MIN_TRAJECTORIES).any():
@@ -393,6 +414,7 @@ def break_even_table(overall: pd.DataFrame) -> Table | None:
         return None
     rows = [[Cell(r.task), Cell(r.method), Cell(int(r.n_trajectories)), Cell(int(r.n_steps)), Cell(r.tau),
              Cell(r.tau_break_even), Cell(r.tau_margin, r.tau_margin_lo, r.tau_margin_hi, int(r.n_trajectories)),
+             Cell(r.verify_ratio), Cell(r.draft_ratio),
              Cell(r.ar_decode_ms, digits=1), Cell(r.draft_ms, digits=2), Cell(r.verify_ms, digits=1),
              Cell(r.speedup_implied)] for r in overall.itertuples(index=False)]
     notes = [breakeven.BREAK_EVEN_CONVENTION,
@@ -400,8 +422,8 @@ def break_even_table(overall: pd.DataFrame) -> Table | None:
              "τ*_step, what the step costs alone predict (the measured speedup also pays the drafter's "
              "start-of-turn work)", stats.CI_CONVENTION]
     return Table("break_even", "τ against break-even τ*, per task",
-                 ["Task", "Method", "trajectories", "steps", "τ", "τ*", "τ − τ*", "target 1-token ms", "draft ms",
-                  "verify ms", "speedup implied"], rows, notes, overall)
+                 ["Task", "Method", "trajectories", "steps", "τ", "τ*", "τ − τ*", "verify / decode", "draft / decode",
+                  "target 1-token ms", "draft ms", "verify ms", "speedup implied"], rows, notes, overall)
 
 
 # ---- the within-trajectory context effect --------------------------------------------------------------------------
@@ -650,3 +672,169 @@ def without_degenerate_table(table: pd.DataFrame) -> Table | None:
     return Table("without_degenerate", "With and without degenerate turns",
                  ["Task", "Method", "flagged turns", "paired turns", "speedup", "against ar", "speedup without",
                   "against ar without", "τ", "τ without"], rows, notes, table)
+
+
+# ---- issue 32: tested differences, the design gate, end to end, the policy, checks, hardware, noise ----------------
+def design_table(design: pd.DataFrame) -> Table | None:
+    if design.empty:
+        return None
+    rows = [[Cell(r.task), Cell(int(r.n_trajectories)), Cell(int(r.n_multi_turn)), Cell(int(r.n_spanning)),
+             Cell(r.median_span, digits=2), Cell("yes" if r.measurable else "not measurable here"), Cell(r.reason)]
+            for r in design.itertuples(index=False)]
+    return Table("context_design", "Can this design show a context effect? (per task)",
+                 ["Task", "trajectories", "multi-turn", f"growing ×{effects.MIN_DESIGN_SPAN:g}+", "median growth ×",
+                  "context effect", "reason"], rows, [effects.DESIGN_CONVENTION], design)
+
+
+def slope_difference_table(differences: pd.DataFrame) -> Table | None:
+    """Every pair of methods on one task: the paired difference of their within-trajectory slopes."""
+    if differences.empty:
+        return None
+    rows = []
+    for r in differences.itertuples(index=False):
+        n = int(r.n_trajectories)
+        per_doubling = (f"{2 ** r.difference - 1:+.1%}" if r.measure == "log_speedup"
+                        else f"{r.difference * math.log(2):+.3f} τ") if math.isfinite(r.difference) else None
+        rows.append([Cell(r.task), Cell("log speedup" if r.measure == "log_speedup" else "τ"),
+                     Cell(f"{r.method_a} − {r.method_b}"), Cell(n), Cell(r.slope_a, digits=3),
+                     Cell(r.slope_b, digits=3),
+                     Cell(r.difference, r.difference_lo, r.difference_hi, n, digits=3), Cell(per_doubling),
+                     Cell("yes" if r.separable else "no"), Cell("yes" if r.measurable else "no")])
+    notes = [effects.DIFFERENCE_CONVENTION, "per doubling: for log speedup the relative change of the speedup ratio "
+             "a/b per doubling of the context (2^d − 1); for τ the change of τ(a) − τ(b) per doubling (d · ln 2)",
+             stats.CI_CONVENTION]
+    return Table("slope_differences", "Trends compared: paired differences of within-trajectory slopes",
+                 ["Task", "measure", "a − b", "trajectories", "slope a", "slope b", "difference", "per doubling",
+                  "interval excludes 0", "design measurable"], rows, notes, differences)
+
+
+def end_to_end_table(table: pd.DataFrame) -> Table | None:
+    if table.empty:
+        return None
+    rows = []
+    for r in table.itertuples(index=False):
+        n = int(r.n_trajectories)
+        rows.append([Cell(r.task), Cell(r.method), Cell(n), Cell(int(r.n_turns)),
+                     Cell(r.decode_speedup, r.decode_speedup_lo, r.decode_speedup_hi, n),
+                     Cell(r.latency_speedup, r.latency_speedup_lo, r.latency_speedup_hi, n),
+                     Cell(r.ttft_speedup, r.ttft_speedup_lo, r.ttft_speedup_hi, n, digits=3),
+                     Cell(r.ttft_ms, digits=1), Cell(r.turn_latency_ms, digits=0),
+                     Cell(r.itl_p50_ms, r.itl_p50_lo, r.itl_p50_hi, n, digits=1),
+                     Cell(r.itl_p95_ms, r.itl_p95_lo, r.itl_p95_hi, n, digits=1),
+                     Cell(r.itl_p99_ms, r.itl_p99_lo, r.itl_p99_hi, n, digits=1)])
+    notes = [telemetry.E2E_CONVENTION, stats.CI_CONVENTION, "per-turn values: tables/end_to_end_turns.csv"]
+    if (table.n_trajectories < stats.MIN_TRAJECTORIES).any():
+        notes.insert(0, FEW_NOTE)
+    return Table("end_to_end", "End to end beside decode-only: TTFT, decode and turn-latency speedups, ITL",
+                 ["Task", "Method", "trajectories", "turns", "decode speedup", "turn-latency speedup",
+                  "TTFT speedup", "TTFT ms", "turn latency ms", "ITL P50 ms", "ITL P95 ms", "ITL P99 ms"],
+                 rows, notes, table)
+
+
+def policy_table(table: pd.DataFrame) -> Table | None:
+    if table.empty:
+        return None
+    rows = []
+    for r in table.itertuples(index=False):
+        n = int(r.n_trajectories)
+        rows.append([Cell(r.task), Cell(r.switch_by), Cell(n), Cell(int(r.n_turns)), Cell(int(r.n_bins)),
+                     Cell(r.fixed_choices),
+                     Cell(r.fixed_speedup, r.fixed_speedup_lo, r.fixed_speedup_hi, n),
+                     Cell(r.policy_speedup, r.policy_speedup_lo, r.policy_speedup_hi, n),
+                     Cell(r.gain, r.gain_lo, r.gain_hi, n, digits=3), Cell(int(r.switches))])
+    notes = [policy.POLICY_CONVENTION, f"split seed = the report's --seed ({int(table.split_seed.iloc[0])})",
+             "fixed choice = the candidate each half chose for the other (first half's / second half's); switches = "
+             "context bins where the policy's choice differs from the fixed one, summed over the two halves",
+             policy.PREVIOUS_KIND_CONVENTION + " (a reply's own span kinds are known only after it is written, "
+             "so the switch uses the previous reply's)", stats.CI_CONVENTION]
+    if (table.n_trajectories < stats.MIN_TRAJECTORIES).any():
+        notes.insert(0, FEW_NOTE)
+    return Table("policy", "A speculation policy that switches by context, scored on held-out trajectories",
+                 ["Task", "switch by", "trajectories", "turns", "bins", "fixed choice", "fixed speedup",
+                  "policy speedup",
+                  "gain (policy / fixed)", "switches"], rows, notes, table)
+
+
+def choice_table(table: pd.DataFrame) -> Table | None:
+    if table.empty:
+        return None
+    rows = []
+    for r in table.itertuples(index=False):
+        n = int(r.n_trajectories)
+        few = stats.FEW_TURNS_MARK if int(r.n_turns) < stats.MIN_INTERVAL_TURNS and \
+            n >= stats.MIN_INTERVAL_TRAJECTORIES else ""
+        rows.append([Cell(r.task), Cell(f"{r.context_lo:,}–{r.context_hi:,}"), Cell(n), Cell(int(r.n_turns)),
+                     Cell("no drafting (ar)" if r.best == BASELINE else r.best),
+                     Cell(r.best_speedup, r.best_speedup_lo, r.best_speedup_hi, n, mark=few),
+                     Cell("no drafting (ar)" if r.runner_up == BASELINE else r.runner_up),
+                     Cell(r.runner_up_speedup)])
+    notes = ["in-sample (all trajectories): the candidate with the highest pooled decode speedup in each context "
+             "bin of the task, among the drafting methods and no drafting (`ar`, 1× by construction); the held-out "
+             "score of choosing this way is the policy table", stats.FEW_TURNS_NOTE, stats.CI_CONVENTION]
+    return Table("best_choice", "Best choice per task and context bin (methods and no drafting)",
+                 ["Task", "context (tokens)", "trajectories", "turns", "best", "its speedup", "runner-up",
+                  "runner-up speedup"], rows, notes, table)
+
+
+def identity_table(table: pd.DataFrame) -> Table | None:
+    if table.empty:
+        return None
+    rows = [[Cell(r.task), Cell(r.method), Cell(r.kind), Cell(int(r.n_steps)), Cell(r.tau, digits=3),
+             Cell(r.tau_from_marginals, digits=3), Cell(f"{r.gap:+.3f}"), Cell(int(r.n_full_room_steps)),
+             Cell(r.tau_full_room, digits=3), Cell(f"{r.gap_full_room:+.1e}"),
+             Cell(r.tau_from_drafted_conditional, digits=3)] for r in table.itertuples(index=False)]
+    return Table("tau_identity", "Check: τ = 1 + Σ marginal acceptance, per task and method",
+                 ["Task", "Method", "kind", "steps", "τ", "1 + Σ marginal", "gap", "full-room steps",
+                  "τ (full room)", "gap (full room)", "1 + Σ P(acc ≥ j | drafted ≥ j)"], rows,
+                 [checks.IDENTITY_CONVENTION, conventions.TAU, conventions.POSITION], table)
+
+
+def histogram_table(histogram: pd.DataFrame) -> Table | None:
+    if histogram.empty:
+        return None
+    k = int(histogram.accepted.max())
+    rows = []
+    for method, cell in histogram.groupby("method", sort=False):
+        shares = cell.set_index("accepted").share.reindex(range(k + 1)).fillna(0.0)
+        rows.append([Cell(method), Cell(int(cell.steps.sum()))] + [Cell(f"{100 * v:.1f} %") for v in shares])
+    return Table("accepted_length", "Accepted-length histogram per method (share of verify steps)",
+                 ["Method", "steps"] + [f"{a} accepted" for a in range(k + 1)], rows,
+                 [checks.HISTOGRAM_CONVENTION, "per task: the CSV (tables/accepted_length_by_task.csv)"], histogram)
+
+
+def matrix_table(matrix: pd.DataFrame, tasks: list[str], methods: list[str]) -> Table | None:
+    if matrix.empty:
+        return None
+    tasks = [t for t in tasks if t in set(matrix.task)]
+    lookup = {(r.task, r.method): r for r in matrix.itertuples(index=False)}
+    rows = []
+    for method in [m for m in methods if m in set(matrix.method)]:
+        row = [Cell(method)]
+        for task in tasks:
+            r = lookup.get((task, method))
+            row += [Cell(r.tau_steps if r else None), Cell(r.tau_requests if r else None),
+                    Cell(r.accept_per_drafted if r else None)]
+        rows.append(row)
+    groups = [("", 1)] + [(t, 3) for t in tasks]
+    return Table("acceptance_matrix", "Acceptance matrix, task × method (SPEED-Bench style)",
+                 ["Method"] + ["τ (steps)", "τ (requests)", "acc / drafted"] * len(tasks), rows,
+                 [checks.MATRIX_CONVENTION], matrix, groups=groups)
+
+
+def hardware_table(table: pd.DataFrame, notes: list[str]) -> Table | None:
+    if table.empty:
+        return None
+    rows = []
+    for r in table.itertuples(index=False):
+        rows.append([Cell(r.task), Cell(r.method), Cell(r.surface), Cell(r.tau, digits=2),
+                     Cell(r.tau_break_even, digits=2), Cell(r.verify_ratio, digits=2), Cell(r.draft_ratio, digits=2),
+                     Cell(r.speedup_projected, digits=2), Cell(r.speedup_measured, digits=2),
+                     Cell(f"{100 * r.validation_error:.1f} % ({int(r.validated_cells)} bins)"
+                          if math.isfinite(r.validation_error) else
+                          ("none: a model" if r.kind == "analytic model" else
+                           "none: contexts outside the profiled range" if r.same_machine else
+                           "none: another machine"))])
+    return Table("other_hardware", "This answer on other hardware: measured acceptance priced by other cost surfaces",
+                 ["Task", "Method", "cost surface", "τ (measured)", "τ*", "verify / decode", "draft / decode",
+                  "projected speedup", "measured here", "validation error"], rows,
+                 [hardware.HARDWARE_CONVENTION, conventions.TAU, *notes], table)

@@ -59,14 +59,23 @@ def _over(span: float) -> tuple[float, str]:
     return 2.0, "per doubling of the context"
 
 
-def context_clause(effect: pd.DataFrame, task: str) -> tuple[str, bool]:
-    """(the sentence's context part, whether any method's speedup changes with context within trajectories)."""
+def context_clause(effect: pd.DataFrame, task: str, design: pd.DataFrame | None = None,
+                   differences: pd.DataFrame | None = None) -> tuple[str, bool]:
+    """(the sentence's context part, whether any method's speedup changes with context within trajectories).
+
+    `design` (`effects.context_design`) gates the claim: where the task's trajectories do not grow their context
+    ×2 over at least 5 trajectories the clause says "not measurable here" with the reason, whatever the slopes.
+    `differences` (`effects.slope_differences`) is the only basis of a sentence comparing two methods' trends."""
     cells = effect[effect.task == task]
     with_slope = cells[np.isfinite(cells.slope_log_speedup.astype(float))]
     with_interval = with_slope[np.isfinite(with_slope.slope_lo.astype(float))]
     if with_slope.empty:
         return ("no trajectory here has two turns at different contexts, so there is no within-trajectory context "
                 "effect to estimate (a context bin of this task compares different samples)"), False
+    gate = design[design.task == task] if design is not None else pd.DataFrame()
+    if len(gate) and not bool(gate.measurable.iloc[0]):
+        return (f"whether the speedup changes with context is not measurable here: {gate.reason.iloc[0]} (the "
+                "slopes are in the context-effect table, not read as a verdict)"), False
     if with_interval.empty:
         return (f"within trajectories the slopes rest on fewer than 3 trajectories "
                 f"(n={int(with_slope.n_trajectories.max())}): no interval, no claim about context"), False
@@ -74,11 +83,13 @@ def context_clause(effect: pd.DataFrame, task: str) -> tuple[str, bool]:
     n = int(with_interval.n_trajectories.max())
     span = float(with_interval.context_span.median()) if "context_span" in with_interval else float("nan")
     factor, words = _over(span)
+    trends = trend_comparisons(differences, task, effect) if differences is not None else ""
     if moving.empty:
         low, high = with_interval.slope_log_speedup.min(), with_interval.slope_log_speedup.max()
-        return (f"within trajectories (n={n}) no method's speedup changes measurably with context: {words} the "
+        text = (f"within trajectories (n={n}) no method's speedup changes measurably with context: {words} the "
                 f"estimates run from {_percent(change_over(low, factor))} to {_percent(change_over(high, factor))} "
-                f"and every 95 % interval covers 0"), False
+                f"and every 95 % interval covers 0")
+        return text + (f"; {trends}" if trends else ""), False
     parts = []
     for row in moving.itertuples():
         direction = "rises" if row.slope_log_speedup > 0 else "falls"
@@ -87,13 +98,70 @@ def context_clause(effect: pd.DataFrame, task: str) -> tuple[str, bool]:
                      f"{_percent(change_over(row.slope_hi, factor))}]")
     still = sorted(set(with_interval.method) - set(moving.method))
     tail = f"; the others' intervals cover 0 ({', '.join(still)})" if still else ""
-    return f"it changes with context within trajectories (n={n}): " + "; ".join(parts) + tail, True
+    text = f"it changes with context within trajectories (n={n}): " + "; ".join(parts) + tail
+    return text + (f". {trends[0].upper()}{trends[1:]}" if trends else ""), True
+
+
+def _moves(row) -> int:
+    """+1 rises, -1 falls, 0 interval covers 0 (or none) for one row of `effects.context_effect`."""
+    if not np.isfinite(row.slope_lo):
+        return 0
+    return 1 if row.slope_lo > 0 else -1 if row.slope_hi < 0 else 0
+
+
+def trend_comparisons(differences: pd.DataFrame, task: str, effect: pd.DataFrame) -> str:
+    """Sentences that compare two methods' speedup trends, only where the paired slope difference's interval
+    excludes 0 (`effects.slope_differences`, measure log_speedup); "" when none does. "a holds while b falls"
+    needs, besides that, a's own interval covering 0 and b's below 0."""
+    rows = differences[(differences.task == task) & (differences.measure == "log_speedup") &
+                       differences.separable & differences.measurable]
+    if differences[(differences.task == task) & (differences.measure == "log_speedup")].empty:
+        return ""
+    own = {r.method: r for r in effect[effect.task == task].itertuples()}
+    if rows.empty:
+        return ("no two methods' speedup trends can be told apart (every paired slope difference's 95 % interval "
+                "covers 0)")
+    parts = []
+    for r in rows.itertuples():
+        a, b = (r.method_a, r.method_b) if r.difference > 0 else (r.method_b, r.method_a)
+        diff, low, high = (r.difference, r.difference_lo, r.difference_hi) if r.difference > 0 else \
+            (-r.difference, -r.difference_hi, -r.difference_lo)
+        numbers = (f"slope difference {diff:+.3f} [{low:+.3f}, {high:+.3f}], {_percent(2 ** diff - 1)} per doubling "
+                   f"relative to {b}, paired over {int(r.n_trajectories)} trajectories")
+        move_a = _moves(own[a]) if a in own else 0
+        move_b = _moves(own[b]) if b in own else 0
+        if move_a == 0 and move_b < 0:
+            parts.append(f"{a} holds while {b} falls ({numbers})")
+        elif move_a > 0 and move_b == 0:
+            parts.append(f"{a} rises while {b} holds ({numbers})")
+        else:
+            parts.append(f"{a}'s speedup trend lies above {b}'s ({numbers})")
+    return "paired trend tests: " + "; ".join(parts)
+
+
+def end_to_end_clause(e2e: pd.DataFrame | None, task: str) -> str:
+    """The verdict's end-to-end part: each method's turn-latency speedup (prefill + decode) beside the decode-only
+    one, the fastest first (`telemetry.end_to_end`)."""
+    if e2e is None or e2e.empty:
+        return ""
+    cells = e2e[(e2e.task == task) & (e2e.method != "ar")].sort_values("latency_speedup", ascending=False)
+    cells = cells[np.isfinite(cells.latency_speedup.astype(float))]
+    if cells.empty:
+        return ""
+    parts = []
+    for r in cells.itertuples():
+        interval = format_interval(r.latency_speedup_lo, r.latency_speedup_hi)
+        parts.append(f"{r.method} {r.latency_speedup:.2f}×" + (f" {interval}" if interval else ""))
+    return ("End to end (turn latency = shared prefill + decode, per token, paired with `ar`; the speedups above "
+            "are decode-only): " + ", ".join(parts) + ".")
 
 
 def verdict(task: str, speed: pd.DataFrame, overall: pd.DataFrame, effect: pd.DataFrame,
-            learned: set[str] | None = None) -> tuple[str, str]:
+            learned: set[str] | None = None, design: pd.DataFrame | None = None,
+            differences: pd.DataFrame | None = None, e2e: pd.DataFrame | None = None) -> tuple[str, str]:
     """(label, sentence) for one task. `learned`: the methods with a trained checkpoint, so the sentence can say
-    whether any of them pays off (model-free methods often do where learned drafters do not)."""
+    whether any of them pays off (model-free methods often do where learned drafters do not); `design`,
+    `differences`: see `context_clause`; `e2e`: `telemetry.end_to_end` (the end-to-end sentence)."""
     cells = speed[speed.task == task].sort_values("speedup", ascending=False)
     if cells.empty:
         return "no data", f"{task}: no drafting method has paired turns."
@@ -104,13 +172,13 @@ def verdict(task: str, speed: pd.DataFrame, overall: pd.DataFrame, effect: pd.Da
     n, turns = int(cells.n_trajectories.max()), int(cells.n_turns.max())
     effect_cells = effect[effect.task == task]
     span = ""
-    if len(effect_cells):
+    if len(effect_cells) and "context_min" in effect_cells:
         span = f", contexts {int(effect_cells.context_min.min()):,}–{int(effect_cells.context_max.max()):,} tokens"
     pieces = []
     if "faster than ar" in groups:
-        pieces.append("speculative decoding pays off with " + _join(groups["faster than ar"]))
+        pieces.append("speculative decoding pays off (decode-only speedup) with " + _join(groups["faster than ar"]))
     if "slower than ar" in groups:
-        lead = "it does not with " if pieces else "speculative decoding does not pay off: "
+        lead = "it does not with " if pieces else "speculative decoding does not pay off (decode-only speedup): "
         pieces.append(lead + _join(groups["slower than ar"]))
     if "not separable from ar" in groups:
         pieces.append(_join(groups["not separable from ar"]) + " cannot be told apart from `ar` "
@@ -123,7 +191,7 @@ def verdict(task: str, speed: pd.DataFrame, overall: pd.DataFrame, effect: pd.Da
         faster = [m for m in mine if m in set(cells[cells.verdict == "faster than ar"].method)]
         pieces.append(f"learned drafters faster than `ar`: {', '.join(faster)}" if faster else
                       f"no learned drafter ({', '.join(mine)}) is faster than `ar`")
-    clause, moves = context_clause(effect, task)
+    clause, moves = context_clause(effect, task, design, differences)
     if "faster than ar" in groups:
         label = "pays off"
     elif set(groups) == {"slower than ar"}:
@@ -134,20 +202,24 @@ def verdict(task: str, speed: pd.DataFrame, overall: pd.DataFrame, effect: pd.Da
         label = "not separable from ar" if "not separable from ar" in groups else "does not pay off"
     if moves:
         label += "; changes with context"
+    elif clause.startswith("whether the speedup changes with context is not measurable"):
+        label += "; context effect not measurable here"
     sentence = f"{task} ({n} trajectories, {turns} turns{span}): " + "; ".join(pieces) + f". {clause[0].upper()}" \
                f"{clause[1:]}."
-    return label, sentence
+    tail = end_to_end_clause(e2e, task)
+    return label, sentence + (f" {tail}" if tail else "")
 
 
 def verdicts(speed: pd.DataFrame, overall: pd.DataFrame, effect: pd.DataFrame,
              tasks: list[str] | None = None, learned: set[str] | None = None,
-             degenerate: pd.DataFrame | None = None) -> pd.DataFrame:
+             degenerate: pd.DataFrame | None = None, design: pd.DataFrame | None = None,
+             differences: pd.DataFrame | None = None, e2e: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per task: label and sentence (VERDICT_COLUMNS); with `degenerate`
     (`decisions.degenerate_comparison`) the sentence ends with what its flagged turns change."""
     tasks = tasks or list(dict.fromkeys(speed.task))
     rows = []
     for task in tasks:
-        label, sentence = verdict(task, speed, overall, effect, learned)
+        label, sentence = verdict(task, speed, overall, effect, learned, design, differences, e2e)
         if degenerate is not None:
             sentence = " ".join(p for p in (sentence, degenerate_clause(degenerate, task)) if p)
         rows.append(dict(zip(VERDICT_COLUMNS, (task, label, sentence))))
