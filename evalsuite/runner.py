@@ -90,8 +90,13 @@ class Runner:
         stored = self.store.read_config() if self.config.resume else None
         if stored and self.config.threads in (None, "auto") and isinstance(stored.get("threads"), int):
             threads = stored["threads"]  # a resumed run keeps the thread count its first part was timed with
+        self.threads_choice = stored.get("contention", {}).get("threads_choice") if stored else None
+        self.engine.start(self.methods, threads)
+        if self.config.threads in (None, "auto") and not stored:  # the faster configuration, measured
+            self.threads_choice = self.engine.tune_threads(list(range(1, threads + 1)))
+            if self.threads_choice:
+                threads = self.threads_choice["chosen"]
         self.config = replace(self.config, threads=threads)
-        self.engine.start(self.methods, self.config.threads)
         self.chat = self.engine.chat
         self.worker_device = self.worker_device or self.engine.device_label
         self.policy = make_policy(self.config.context_policy,
@@ -123,7 +128,8 @@ class Runner:
             "data_sha256": resume.data_hash(self.config.data_path),
             "conventions": RUN_CONVENTIONS,
             "environment": {**environment(), **device},
-            "contention": {**self.contention.describe(), "threads_requested": self.threads_requested},
+            "contention": {**self.contention.describe(), "threads_requested": self.threads_requested,
+                           "threads_choice": self.threads_choice},
             "scaleout": {**self.scaleout, "worker_info": self.scaleout.get("worker_info") or [
                 {"host": self.worker_host, "device": self.worker_device}]},
         }

@@ -384,3 +384,29 @@ def test_sigkill_at_a_few_random_points_then_resume(kill_resume_script, tiny_lla
 def test_sigkill_at_20_random_points_then_resume(kill_resume_script, tiny_llama_dir, tmp_path):
     outcome = _kill_resume(kill_resume_script, tiny_llama_dir, tmp_path, kills=20, max_new_tokens=64)
     assert max(outcome.pairs_at_kill) > 0  # some kills landed after pairs had finished, mid-run
+
+
+def test_auto_threads_records_the_measured_choice_and_a_resume_keeps_it(tiny_qwen3_dir, tmp_path, monkeypatch):
+    """--threads auto on a machine with two free cores: both counts are timed, the faster kept, the measurement
+    written to run.json; the resume keeps the count and the stored measurement."""
+    from evalsuite import contention
+
+    monkeypatch.setattr(contention, "resolve_threads", lambda requested, snap: 2 if requested in (None, "auto")
+                        else int(requested))
+    out = tmp_path / "auto"
+    try:
+        args = ["run", "--method", "ngram", "--task", "mt-bench", "--target", str(tiny_qwen3_dir), "--limit", "1",
+                "--max-new-tokens", "8", "--out", str(out)]
+        assert run_cli(*args).exit_code == 0
+        config = json.loads((out / "run.json").read_text())
+        choice = config["contention"]["threads_choice"]
+        assert set(choice["candidates"]) == {"1", "2"} and choice["chosen"] in (1, 2)
+        assert config["threads"] == choice["chosen"]
+        measured = {t: sum(v.values()) for t, v in choice["candidates"].items()}
+        assert measured[str(choice["chosen"])] == min(measured.values())  # the faster one, by its own numbers
+        assert all(set(v) == {"decode_ms", f"verify{config['k'] + 1}_ms"} for v in choice["candidates"].values())
+        assert run_cli(*args, "--resume").exit_code == 0
+        again = json.loads((out / "run.json").read_text())
+        assert again["threads"] == config["threads"] and again["contention"]["threads_choice"] == choice
+    finally:
+        torch.set_num_threads(1)

@@ -31,6 +31,12 @@ class Engine(ABC):
         seconds per token in them where measured (the plan's estimate)."""
         return {}
 
+    def tune_threads(self, candidates: list[int]) -> dict | None:
+        """`--threads auto`: time the target at each candidate intra-op thread count, keep the fastest, and return
+        what was measured ({"candidates": {threads: {...ms}}, "chosen": threads, "rule": ...}); None when the
+        engine has nothing to choose (a GPU, another process's engine)."""
+        return None
+
     def begin_trajectory(self) -> None:
         """A new trajectory starts: forget the previous one's cached context."""
 

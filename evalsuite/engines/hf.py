@@ -96,6 +96,40 @@ class HfEngine(Engine):
             self.methods[name] = method
         self.layer_union = tuple(sorted({j for m in self.methods.values() for j in m.feature_layers}))
 
+    def tune_threads(self, candidates: list[int]) -> dict | None:
+        """Time a one-token decode and a (k+1)-token verify after 512 cached tokens at each thread count (median
+        of 5, after a warm-up) and keep the count with the lowest decode + verify; on a CPU only."""
+        if self.target.device.type != "cpu" or len(candidates) < 2:
+            return None
+        import statistics
+
+        generator = torch.Generator().manual_seed(0)
+        vocab = self.target.vocab_size
+        context = torch.randint(4, vocab, (512,), generator=generator)
+        blocks = [torch.randint(4, vocab, (n,), generator=generator) for n in (1, self.config.k + 1)]
+        cache = self.target.new_cache()
+        cache.reserve(512 + self.config.k + 1)
+        self.target.forward(context, cache, last_only=True)
+        measured = {}
+        for threads in candidates:
+            torch.set_num_threads(threads)
+            times = []
+            for repeat in range(6):
+                row = []
+                for block in blocks:
+                    start = self.clock.mark()
+                    self.target.forward(block, cache)
+                    row.append(self.clock.seconds(start, self.clock.mark()))
+                    cache.crop_to(512)
+                if repeat:  # the first is the warm-up
+                    times.append(row)
+            measured[threads] = {"decode_ms": round(1e3 * statistics.median(t[0] for t in times), 3),
+                                 f"verify{self.config.k + 1}_ms": round(1e3 * statistics.median(t[1] for t in times), 3)}
+        chosen = min(candidates, key=lambda t: sum(measured[t].values()))
+        torch.set_num_threads(chosen)
+        return {"candidates": {str(t): v for t, v in measured.items()}, "chosen": chosen,
+                "rule": f"lowest decode + verify-{self.config.k + 1} time after 512 cached tokens (median of 5)"}
+
     def begin_trajectory(self) -> None:
         self.prefix = PrefixCache(self.target, self.layer_union)
 
