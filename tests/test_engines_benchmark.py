@@ -1,0 +1,39 @@
+"""benchmarks/engines.py (our engine beside the peers) on a tiny target: every row printed, a peer that is missing
+or has nothing to load skipped with its reason named, our ar and transformers' generate writing the same tokens."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import engines  # noqa: E402
+
+
+def test_the_peers_table_on_a_tiny_target(tiny_llama_dir, tmp_path, capsys):
+    out = tmp_path / "rows.json"
+    try:
+        code = engines.main(["--target", str(tiny_llama_dir), "--contexts", "48,96", "--new-tokens", "6",
+                             "--repeats", "1", "--peers", "ours,hf-generate,llama-cpp", "--json", str(out)])
+    finally:
+        torch.set_num_threads(1)
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    rows = json.loads(out.read_text())
+    engines_seen = {(r["engine"], r["context"]) for r in rows["rows"]}
+    for context in (48, 96):
+        for name in ("ours ar", "ours ngram", "ours verify-8", "hf-generate (static cache)"):
+            assert (name, context) in engines_seen
+    assert all(r["ms"] > 0 for r in rows["rows"])
+    # llama.cpp either is not installed or has no GGUF for a local directory: named, not dropped
+    assert any(s.startswith("llama-cpp: ") for s in rows["skipped"]) and "skipped llama-cpp: " in printed
+    assert "ours ar and hf-generate write the same greedy tokens (up to 16) at contexts [48, 96] of [48, 96]" in printed
+
+
+def test_an_unknown_peer_is_a_one_line_error(capsys):
+    assert engines.main(["--peers", "ours,tensorrt"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --peers tensorrt: choose from ours, hf-generate, llama-cpp, vllm"
