@@ -34,6 +34,22 @@ DATA=(--target qwen2.5-coder-0.5b
       --min-prompt-tokens 2048 --max-prompt-tokens 12288 --max-per-trajectory 16 --max-trajectories 12
       --max-seq-len 1024 --agent-labels logged)
 mkdir -p "$OUT"
+# The target-regenerated replies are the slowest part of the data stage (about 1 h 20 min on a 2-core CPU) and small:
+# they are committed as they come (SEED), and a fresh work directory starts from them; the stage then regenerates
+# only the prompts they lack. `SAVE_SEED=1 bash benchmarks/train_qwen_drafters.sh [OUT_ROOT]` refreshes the committed
+# copy from the work directory and exits.
+SEED=baselines/drafters/qwen2.5-coder-0.5b/training/responses.jsonl.gz
+if [ "${SAVE_SEED:-0}" = 1 ]; then
+  mkdir -p "$(dirname "$SEED")"
+  gzip -9nc "$WORK/responses.jsonl" > "$SEED.tmp" && mv "$SEED.tmp" "$SEED"
+  echo "saved $(wc -l < "$WORK/responses.jsonl") replies to $SEED ($(du -h "$SEED" | cut -f1))"
+  exit 0
+fi
+mkdir -p "$WORK"
+if [ -f "$SEED" ] && [ ! -s "$WORK/responses.jsonl" ]; then
+  gunzip -c "$SEED" > "$WORK/responses.jsonl"
+  echo "[$(date -u +%FT%TZ)] data: started from $(wc -l < "$WORK/responses.jsonl") committed replies ($SEED)"
+fi
 
 stage() {  # stage NAME COMMAND...: skip when done, log start and end
   local name=$1; shift
