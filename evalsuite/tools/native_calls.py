@@ -1,0 +1,179 @@
+"""Function calls in the target's own tool-calling format (`--tool-format native`): the Hermes/Qwen convention
+chat templates with `tools` print, `<tool_call>{"name": …, "arguments": {…}}</tool_call>`, one block per call.
+
+- `ToolIndex(tools)`: the tools a trajectory passes to the template (OpenAI-style `{"type": "function", "function":
+  {name, description, parameters}}`, JSON-schema parameters), by the name the model sees, with the backend name each
+  stands for (BFCL's FC conversion turns "." into "_").
+- `parse_native(text)`: the blocks of a reply, each parsed with `json.loads` only (NaN/Infinity refused), nothing
+  else. A block that is not a JSON object with a string `name` and an object `arguments` (or a JSON string of one),
+  and a `<tool_call>` the reply never closes, are parse errors; text outside the blocks is the reply's content.
+  A reply without any `<tool_call>` calls nothing (BFCL's FC decoders find no call in it either).
+- `ToolIndex.check(name, arguments)`: the call against its tool's schema: a known function, no unexpected argument,
+  every required one, JSON-schema types (string, integer, number, boolean, array, object, null; an integer is a
+  number, a bool is neither), array items, nested object properties and `enum`. A call that fails is not executed:
+  it becomes an error observation.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
+FORMAT_HINT = 'Write each call as <tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+_JSON_TYPES = {
+    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "array": (list,),
+    "object": (dict,), "null": (type(None),),
+}
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def loads(text: str):
+    """Strict JSON: the standard parser, without the NaN/Infinity extension."""
+    return json.loads(text, parse_constant=_no_constant)
+
+
+@dataclass
+class NativeCall:
+    name: str  # as the model wrote it
+    arguments: dict
+
+
+@dataclass
+class NativeBlock:
+    call: NativeCall | None = None
+    error: str = ""  # why the block is not a call
+
+
+@dataclass
+class NativeReply:
+    blocks: list[NativeBlock] = field(default_factory=list)
+    content: str = ""  # the text outside the blocks
+    unclosed: bool = False  # a <tool_call> the reply never closes (cut by the token budget, or never written)
+
+    @property
+    def attempted(self) -> bool:
+        return bool(self.blocks) or self.unclosed
+
+    @property
+    def errors(self) -> list[str]:
+        found = [b.error for b in self.blocks if b.error]
+        if self.unclosed:
+            found.append("a <tool_call> is never closed with </tool_call>")
+        return found
+
+    @property
+    def calls(self) -> list[NativeCall]:
+        return [b.call for b in self.blocks if b.call is not None]
+
+
+def _block(text: str) -> NativeBlock:
+    try:
+        data = loads(text.strip())
+    except (ValueError, RecursionError) as err:
+        reason = err.msg if isinstance(err, json.JSONDecodeError) else str(err) or type(err).__name__
+        return NativeBlock(error=f"a <tool_call> block is not JSON ({reason})")
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
+        return NativeBlock(error='a <tool_call> block needs a JSON object with a "name"')
+    arguments = data.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = loads(arguments) if arguments.strip() else {}
+        except (ValueError, RecursionError):
+            return NativeBlock(error=f"{data['name']}: its arguments are a string that is not JSON")
+    if not isinstance(arguments, dict):
+        return NativeBlock(error=f'{data["name"]}: "arguments" must be a JSON object')
+    return NativeBlock(NativeCall(data["name"], arguments))
+
+
+def parse_native(text: str | None) -> NativeReply:
+    text = text or ""
+    reply = NativeReply()
+    outside, position = [], 0
+    for match in _BLOCK.finditer(text):
+        outside.append(text[position:match.start()])
+        reply.blocks.append(_block(match.group(1)))
+        position = match.end()
+    rest = text[position:]
+    if OPEN in rest:
+        reply.unclosed = True
+        rest = rest[:rest.index(OPEN)]
+    outside.append(rest)
+    reply.content = "".join(outside).strip()
+    return reply
+
+
+def call_text(name: str, arguments: dict) -> str:
+    """A call as the records show it: `name({json arguments})`."""
+    return f"{name}({json.dumps(arguments, ensure_ascii=False, sort_keys=False)})"
+
+
+def _kind(value) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    return {str: "string", list: "array", dict: "object", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def type_error(schema: dict, value, where: str) -> str:
+    """Why `value` does not fit the JSON schema `schema` ("" when it does)."""
+    if not isinstance(schema, dict):
+        return ""
+    wanted = schema.get("type")
+    types = [wanted] if isinstance(wanted, str) else list(wanted or [])
+    if types:
+        fits = any(t in _JSON_TYPES and isinstance(value, _JSON_TYPES[t])
+                   and not (isinstance(value, bool) and t != "boolean") for t in types)
+        if not fits:
+            return f"{where} must be {' or '.join(types)}, got {_kind(value)}"
+    if "enum" in schema and isinstance(schema["enum"], list) and value not in schema["enum"]:
+        return f"{where} must be one of {json.dumps(schema['enum'])[:120]}"
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            error = type_error(schema["items"], item, f"{where}[{i}]")
+            if error:
+                return error
+    if isinstance(value, dict) and isinstance(schema.get("properties"), dict):
+        for key, sub in schema["properties"].items():
+            if key in value:
+                error = type_error(sub, value[key], f"{where}.{key}")
+                if error:
+                    return error
+    return ""
+
+
+class ToolIndex:
+    """The tools of one trajectory by the name the model sees: (backend name, JSON-schema parameters)."""
+
+    def __init__(self, tools: list[dict], backend_names: dict[str, str] | None = None):
+        self.tools: dict[str, tuple[str, dict]] = {}
+        for tool in tools or []:
+            function = tool.get("function", tool)
+            name = function["name"]
+            self.tools[name] = ((backend_names or {}).get(name, name), function.get("parameters") or {})
+
+    def check(self, name: str, arguments: dict) -> tuple[str, str]:
+        """(backend name, error): the error is "" when the call fits its tool's schema."""
+        if name not in self.tools:
+            return name, f"'{name}' is not one of the provided functions"
+        backend, parameters = self.tools[name]
+        properties = parameters.get("properties") or {}
+        unexpected = [k for k in arguments if k not in properties]
+        if unexpected:
+            return backend, f"{name}: unexpected argument '{unexpected[0]}'"
+        missing = [k for k in parameters.get("required") or [] if k not in arguments]
+        if missing:
+            return backend, f"{name}: missing required argument '{missing[0]}'"
+        for key, value in arguments.items():
+            error = type_error(properties[key], value, f"{name}: argument '{key}'")
+            if error:
+                return backend, error
+        return backend, ""
