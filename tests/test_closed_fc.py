@@ -104,6 +104,18 @@ def test_native_blocks_are_parsed_as_json_only():
             assert parsed.calls == [] and reason in " ".join(parsed.errors)
 
 
+def test_json_calls_in_a_fence_or_bare_are_calls_with_their_form():
+    fenced = parse_native('```json\n{\n  "name": "cd",\n  "arguments": {"folder": "a"}\n}\n```')
+    assert [(c.name, c.arguments, c.form) for c in fenced.calls] == [("cd", {"folder": "a"}, "fence")]
+    bare = parse_native('[{"name": "cd", "arguments": {"folder": "a"}}, {"name": "ls", "arguments": {}}]')
+    assert [(c.name, c.form) for c in bare.calls] == [("cd", "bare"), ("ls", "bare")]
+    assert [c.form for c in parse_native(call("ls")).calls] == ["tag"]
+    broken = parse_native('```json\n{"name": "cd", "arguments": {\n```')
+    assert broken.attempted and "not valid JSON" in broken.errors[0]
+    for text in ("```python\nprint(1)\n```", '```json\n{"answer": 3}\n```', "The answer is {x}."):
+        assert not parse_native(text).attempted
+
+
 def test_calls_are_checked_against_their_tools_schema():
     index = ToolIndex([{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "required": ["a"], "properties": {
@@ -173,7 +185,7 @@ def test_the_tool_calls_table_records_executed_and_refused_calls(native_run):
     first, bad = ar.iloc[0], ar.iloc[1]
     assert list(first.calls) == ['cd({"folder": "document"})', 'mkdir({"dir_name": "temp"})',
                                  'mv({"source": "final_report.pdf", "destination": "temp"})']
-    assert list(first.executed) == [True] * 3 and list(first.errors) == [""] * 3
+    assert list(first.executed) == [True] * 3 and list(first.errors) == [""] * 3 and list(first.forms) == ["tag"] * 3
     assert all(b > 0 for b in first.result_bytes)
     assert list(bad.calls) == ['cd({"folder": 7})', 'rm_rf({"path": "/"})'] and list(bad.executed) == [False, False]
     assert "must be string" in bad.errors[0] and "not one of the provided functions" in bad.errors[1]

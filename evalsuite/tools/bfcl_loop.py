@@ -80,7 +80,8 @@ TOOLS_SCHEMA = pa.schema([
     ("turn", pa.int64()), ("user_turn", pa.int64()), ("step", pa.int64()), ("calls", pa.list_(pa.string())),
     ("result_bytes", pa.list_(pa.int64())), ("errors", pa.list_(pa.string())), ("parse_error", pa.string()),
     ("stop", pa.string()), ("loop", pa.string()), ("matches_ar", pa.bool_()),
-    ("executed", pa.list_(pa.bool_())), ("solved", pa.bool_()), ("check", pa.string()),
+    ("executed", pa.list_(pa.bool_())), ("forms", pa.list_(pa.string())), ("solved", pa.bool_()),
+    ("check", pa.string()),
 ])
 _BARE_CALL = re.compile(r"[A-Za-z_][\w.]*\s*\(")
 _HERMES = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -289,6 +290,7 @@ class StepLog:
     parse_error: str = ""  # the reply tried to call functions and could not be parsed
     executed: list[bool] = field(default_factory=list)  # per call: run against the backends (native: schema passed)
     results: list[str] = field(default_factory=list)  # the executed calls' results (BFCL's check; not stored)
+    forms: list[str] = field(default_factory=list)  # per call: python (prompt) | tag | fence | bare (native)
 
 
 @dataclass
@@ -389,8 +391,9 @@ class ClosedLoop:
             self.end_turn("step_limit")
         return messages
 
-    def _run(self, step: StepLog, call: Call, shown: str) -> str:
+    def _run(self, step: StepLog, call: Call, shown: str, form: str = "python") -> str:
         result, error = self.backends.execute(call)
+        step.forms.append(form)
         step.calls.append(shown)
         step.result_bytes.append(len(result.encode("utf-8")))
         step.errors.append(error)
@@ -432,12 +435,13 @@ class ClosedLoop:
             shown = call_text(name, arguments)
             if refused:
                 observation = f"Error: {refused}"
+                step.forms.append(block.call.form)
                 step.calls.append(shown)
                 step.result_bytes.append(len(observation.encode("utf-8")))
                 step.errors.append(refused)
                 step.executed.append(False)
             else:
-                observation = self._run(step, Call(backend, [], dict(arguments)), shown)
+                observation = self._run(step, Call(backend, [], dict(arguments)), shown, block.call.form)
             messages.append({"role": "tool", "name": name, "content": observation})
         if reply.unclosed:
             messages.append({"role": "tool", "name": "error",
@@ -614,7 +618,7 @@ class ClosedSession:
         return {"user_turn": user_turn, "step": step, "calls": list(log.calls), "result_bytes": list(log.result_bytes),
                 "errors": list(log.errors), "parse_error": log.parse_error, "stop": self.stops.get(index, ""),
                 "loop": SHARED if self.shared else OWN, "matches_ar": matches, "executed": list(log.executed),
-                "solved": solved, "check": check}
+                "forms": list(log.forms), "solved": solved, "check": check}
 
 
 class ClosedReplay(MethodReplay):
@@ -663,7 +667,8 @@ def closed_replays(trajectory: Trajectory, methods, policy: ContextPolicy, rende
 PROMPTS = {
     PROMPT: "BFCL prompting mode: python call syntax, the function docs as JSON in the system prompt",
     NATIVE: ("the template's native tools (BFCL's FC mode): the function docs as JSON-schema tools rendered by the chat "
-             "template, calls as <tool_call> JSON checked against their schema, results as tool messages"),
+             "template, calls as <tool_call> JSON (also accepted: the same JSON call objects in a ``` fence or bare, "
+             "tool_calls.forms) checked against their schema, results as tool messages"),
 }
 
 

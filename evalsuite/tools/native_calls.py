@@ -7,7 +7,11 @@ chat templates with `tools` print, `<tool_call>{"name": …, "arguments": {…}}
 - `parse_native(text)`: the blocks of a reply, each parsed with `json.loads` only (NaN/Infinity refused), nothing
   else. A block that is not a JSON object with a string `name` and an object `arguments` (or a JSON string of one),
   and a `<tool_call>` the reply never closes, are parse errors; text outside the blocks is the reply's content.
-  A reply without any `<tool_call>` calls nothing (BFCL's FC decoders find no call in it either).
+  A reply without any `<tool_call>` tag may still hold the same JSON call objects (one, or a list of them) in
+  ``` fences, or be one bare JSON value: those are calls too, recorded with their `form` (`tag` | `fence` |
+  `bare`; BFCL's own FC decoders take only tags, so a strict count keeps `tag` only). Small instruct models
+  (Qwen2.5-Coder-0.5B) write their calls in a ```json fence more often than in the template's tags. Anything else
+  (prose, code, python calls) calls nothing: the user turn is over.
 - `ToolIndex.check(name, arguments)`: the call against its tool's schema: a known function, no unexpected argument,
   every required one, JSON-schema types (string, integer, number, boolean, array, object, null; an integer is a
   number, a bool is neither), array items, nested object properties and `enum`. A call that fails is not executed:
@@ -22,6 +26,8 @@ from dataclasses import dataclass, field
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_-]*)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
+TAG, FENCE, BARE = "tag", "fence", "bare"
 FORMAT_HINT = 'Write each call as <tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
 _JSON_TYPES = {
     "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "array": (list,),
@@ -42,6 +48,7 @@ def loads(text: str):
 class NativeCall:
     name: str  # as the model wrote it
     arguments: dict
+    form: str = TAG  # tag | fence | bare: how the reply wrote it
 
 
 @dataclass
@@ -91,9 +98,43 @@ def _block(text: str) -> NativeBlock:
     return NativeBlock(NativeCall(data["name"], arguments))
 
 
+def _looks_like_calls(body: str) -> bool:
+    return body.lstrip().startswith(("{", "[")) and '"name"' in body
+
+
+def _json_calls(body: str, form: str) -> list[NativeBlock]:
+    """The call objects of one fenced or bare JSON body ([] when it is no attempt at a call)."""
+    try:
+        data = loads(body.strip())
+    except (ValueError, RecursionError) as err:
+        if not _looks_like_calls(body):
+            return []
+        reason = err.msg if isinstance(err, json.JSONDecodeError) else str(err) or type(err).__name__
+        return [NativeBlock(error=f"a JSON call is not valid JSON ({reason})")]
+    items = data if isinstance(data, list) else [data]
+    if not items or not all(isinstance(i, dict) and "name" in i and ("arguments" in i or len(i) == 1)
+                            for i in items):
+        return []  # JSON, but not call objects (e.g. an answer in JSON)
+    blocks = [_block(json.dumps(item)) for item in items]
+    for block in blocks:
+        if block.call is not None:
+            block.call.form = form
+    return blocks
+
+
 def parse_native(text: str | None) -> NativeReply:
     text = text or ""
     reply = NativeReply()
+    if OPEN not in text:
+        fences = list(_FENCE.finditer(text))
+        if fences:
+            for match in fences:
+                reply.blocks += _json_calls(match.group(2), FENCE)
+        elif _looks_like_calls(text):
+            reply.blocks = _json_calls(text, BARE)
+        if reply.blocks:
+            reply.content = _FENCE.sub("", text).strip() if fences else ""
+        return reply
     outside, position = [], 0
     for match in _BLOCK.finditer(text):
         outside.append(text[position:match.start()])
