@@ -303,3 +303,38 @@ def test_native_loop_never_evaluates_model_text(entry, tmp_path):
     assert not marker.exists()
     assert "not one of the provided functions" in messages[0]["content"]
     assert loop.current.steps[0].executed == [False, True]  # a string argument is only ever a string
+
+
+# ---- the report -----------------------------------------------------------------------------------------------
+def test_the_report_has_a_closed_loop_section_live_against_replayed(native_run, tools_target, bfcl_dir, tmp_path):
+    from evalsuite.report.build import write_report
+    from evalsuite.runner import Runner
+
+    import shutil
+
+    closed = tmp_path / "closed"  # planted outputs do not match their decode's steps: no span labels for them
+    shutil.copytree(native_run[0], closed)
+    shutil.rmtree(closed / "spans.parquet")
+    logged = tmp_path / "logged"
+    config = closed_config(tools_target, bfcl_dir, logged, replay="auto", max_turns=2)
+    runner = Runner(config, logged, PlantedEngine(config, {}))
+    runner.load()
+    runner.run()
+    report = write_report([closed, logged], tmp_path / "report", formats={"md", "csv"}, n_resamples=50)
+    page = (tmp_path / "report" / "report.md").read_text()
+    assert "## Closed agent loop: live tool calls" in page
+    import pandas as pd
+
+    summary = pd.read_csv(tmp_path / "report" / "tables" / "closed_loop.csv")
+    ar = summary[summary.method == "ar"].iloc[0]
+    assert ar.task == "bfcl-v3 closed" and ar.entries == 1 and ar.decodes == 6
+    tools = read_tool_calls(closed)
+    tools = tools[tools.method == "ar"]
+    assert ar.calls == sum(len(c) for c in tools.calls) and ar.executed == sum(sum(e) for e in tools.executed)
+    assert ar.refused == 2 and ar.parse_errors == 1 and ar.scored == 1
+    steps = pd.read_csv(tmp_path / "report" / "tables" / "closed_loop_steps.csv")
+    assert set(steps.step.astype(str)) <= {"0", "1", "2", "3+"} and (steps[steps.step.astype(str) != "0"].growth_mean > 0).all()
+    live = pd.read_csv(tmp_path / "report" / "tables" / "closed_loop_live_vs_replayed.csv")
+    whole = live[(live.method == "ngram") & (live.context_bin == "all")].iloc[0]
+    assert whole.live_decodes == 6 and whole.replayed_decodes == 2
+    assert report.out == tmp_path / "report"
