@@ -1,6 +1,21 @@
 """A closed agent loop on BFCL-v3 multi-turn: the target's own tool calls are executed against `bfcl-eval`'s
 simulated backends and their results become its next context (`--replay closed`).
 
+Two ways of asking for calls (`--tool-format`, run.json `tool_format`; docs/closed_loop.md):
+- `native` (the default where the target's chat template takes `tools`): BFCL's function-calling (FC) mode. The
+  function docs go to the template as its tools (BFCL's FC conversion, tasks/bfcl_v3.py `bfcl_tool`: JSON-schema
+  parameters, BFCL's types mapped to JSON-schema types), no system prompt of ours. Replies are parsed as the
+  template's `<tool_call>{"name": …, "arguments": {…}}</tool_call>` blocks with `json.loads` only
+  (`native_calls.parse_native`; the same JSON call objects in a ``` fence or bare are taken too, recorded per call
+  in `forms`), and each call is checked against its tool's schema (`native_calls.ToolIndex.check`: unknown
+  function, unexpected or missing argument, wrong type → an error observation, not executed). The reply enters the
+  history as the template's assistant message with `tool_calls`, each result (or error) as a `tool` message.
+- `prompt`: BFCL's prompting mode, as below (the default for templates without tools).
+
+After each user turn BFCL's state-based multi-turn check (`bfcl_check.StateCheck`, bfcl-eval's own
+`state_checker`/`response_checker`, the calls never eval'd) compares the loop's backends with the ground truth's;
+the entry's verdict is `tool_calls.solved` on the loop's last decode.
+
 Pieces, each usable alone:
 - `parse_calls(text)`: the function calls in a reply, in BFCL's call syntax `[func(a=1, b='x'), other()]` (the
   syntax BFCL's default system prompt asks for; bare `func(a=1)`, a ``` fence and `<TOOLCALL>` tags are
@@ -28,8 +43,9 @@ Pieces, each usable alone:
   by `ar` for every method (tools executed once, from `ar`'s reply; each method's reply is compared with `ar`'s),
   at T>0 one session per method (pairing with `ar` is then by turn index only).
 - The `tool_calls` table (`TOOLS_SCHEMA`, stored beside turns.parquet): per (method, sample, turn) the user turn and
-  step, the executed calls, their results' size in bytes, the execution errors, a parse error, why the user turn
-  stopped there, the loop (shared | own) and `matches_ar`.
+  step, the reply's calls, their observations' size in bytes, per call its error, whether it was executed and its
+  form, a parse error, why the user turn stopped there, the loop (shared | own), `matches_ar`, and on the loop's
+  last decode `solved` and `check` (BFCL's verdict).
 
 `bfcl-eval` is an optional extra (installed with --no-deps: it pins numpy==1.26.4); `require_bfcl()` is the
 one-line error without it.
@@ -696,7 +712,8 @@ def describe_closed_loop(temperature: float, tool_format: str = PROMPT, step_lim
                   "tool_calls.solved on each loop's last decode"),
         "backends": backend,
         "resume": "stored turns are replayed: their stored replies' calls are re-executed against fresh backends",
-        "table": f"{TOOLS_TABLE}.parquet: per turn the executed calls, their results' bytes, errors, stop",
+        "table": f"{TOOLS_TABLE}.parquet: per turn the calls, executed or refused, their results' bytes, errors, "
+                 "forms, stop; solved and check on each loop's last decode",
     }}
 
 
