@@ -110,6 +110,10 @@ def test_json_calls_in_a_fence_or_bare_are_calls_with_their_form():
     bare = parse_native('[{"name": "cd", "arguments": {"folder": "a"}}, {"name": "ls", "arguments": {}}]')
     assert [(c.name, c.form) for c in bare.calls] == [("cd", "bare"), ("ls", "bare")]
     assert [c.form for c in parse_native(call("ls")).calls] == ["tag"]
+    # several values one after another: the calls, up to the first value that is not one (a made-up tool response)
+    chained = parse_native('{"name": "cd", "arguments": {"folder": "a"}}\n{"name": "ls", "arguments": {}}\n'
+                           '{"response": {"current_working_directory": "a"}}\n{"name": "pwd", "arguments": {}}')
+    assert [c.name for c in chained.calls] == ["cd", "ls"] and not chained.errors
     broken = parse_native('```json\n{"name": "cd", "arguments": {\n```')
     assert broken.attempted and "not valid JSON" in broken.errors[0]
     for text in ("```python\nprint(1)\n```", '```json\n{"answer": 3}\n```', "The answer is {x}."):

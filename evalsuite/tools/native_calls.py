@@ -8,8 +8,10 @@ chat templates with `tools` print, `<tool_call>{"name": …, "arguments": {…}}
   else. A block that is not a JSON object with a string `name` and an object `arguments` (or a JSON string of one),
   and a `<tool_call>` the reply never closes, are parse errors; text outside the blocks is the reply's content.
   A reply without any `<tool_call>` tag may still hold the same JSON call objects (one, or a list of them) in
-  ``` fences, or be one bare JSON value: those are calls too, recorded with their `form` (`tag` | `fence` |
-  `bare`; BFCL's own FC decoders take only tags, so a strict count keeps `tag` only). Small instruct models
+  ``` fences, or be bare JSON (one call object, a list of them, or several one after another; the first JSON value
+  that is not a call ends them, e.g. a tool response the model goes on to write itself): those are calls too,
+  recorded with their `form` (`tag` | `fence` | `bare`; BFCL's own FC decoders take only tags, so a strict count
+  keeps `tag` only). Small instruct models
   (Qwen2.5-Coder-0.5B) write their calls in a ```json fence more often than in the template's tags. Anything else
   (prose, code, python calls) calls nothing: the user turn is over.
 - `ToolIndex.check(name, arguments)`: the call against its tool's schema: a known function, no unexpected argument,
@@ -102,19 +104,43 @@ def _looks_like_calls(body: str) -> bool:
     return body.lstrip().startswith(("{", "[")) and '"name"' in body
 
 
+def _is_call(value) -> bool:
+    return isinstance(value, dict) and "name" in value and ("arguments" in value or len(value) == 1)
+
+
+def _json_values(body: str) -> tuple[list, str]:
+    """The JSON values at the start of `body`, one after another (JSON Lines style), and the parse error of the first
+    one when none parses."""
+    decoder = json.JSONDecoder(parse_constant=_no_constant)
+    values, position, error = [], 0, ""
+    while True:
+        while position < len(body) and body[position].isspace():
+            position += 1
+        if position >= len(body):
+            break
+        try:
+            value, position = decoder.raw_decode(body, position)
+        except (ValueError, RecursionError) as err:
+            if not values:
+                error = err.msg if isinstance(err, json.JSONDecodeError) else str(err) or type(err).__name__
+            break  # text after the calls (prose, or a tool response the model wrote itself) is not a call
+        values.append(value)
+    return values, error
+
+
 def _json_calls(body: str, form: str) -> list[NativeBlock]:
-    """The call objects of one fenced or bare JSON body ([] when it is no attempt at a call)."""
-    try:
-        data = loads(body.strip())
-    except (ValueError, RecursionError) as err:
-        if not _looks_like_calls(body):
-            return []
-        reason = err.msg if isinstance(err, json.JSONDecodeError) else str(err) or type(err).__name__
-        return [NativeBlock(error=f"a JSON call is not valid JSON ({reason})")]
-    items = data if isinstance(data, list) else [data]
-    if not items or not all(isinstance(i, dict) and "name" in i and ("arguments" in i or len(i) == 1)
-                            for i in items):
-        return []  # JSON, but not call objects (e.g. an answer in JSON)
+    """The call objects at the start of one fenced or bare JSON body: one, a list, or several one after another;
+    the first value that is not a call object ends them (a model that goes on to write the tool's response itself
+    has not called anything more). [] when the body is no attempt at a call."""
+    values, error = _json_values(body)
+    if error:
+        return [NativeBlock(error=f"a JSON call is not valid JSON ({error})")] if _looks_like_calls(body) else []
+    items = []
+    for value in values:
+        group = value if isinstance(value, list) and value and all(_is_call(v) for v in value) else [value]
+        if not all(_is_call(v) for v in group):
+            break
+        items += group
     blocks = [_block(json.dumps(item)) for item in items]
     for block in blocks:
         if block.call is not None:
