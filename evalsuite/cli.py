@@ -160,6 +160,10 @@ def run(
     replay: str = typer.Option("auto", help="auto | logged | free | closed: history for later turns (closed: "
                                "BFCL-v3 with the target's own tool calls executed; needs the bfcl extra)."),
     context_policy: str = typer.Option("stop", help="stop | truncate-left, when a context reaches the target maximum."),
+    tool_format: str = typer.Option("auto", help="--replay closed: native | prompt | auto. native: the function docs "
+                                    "as the chat template's tools, calls in its <tool_call> JSON format (BFCL's FC "
+                                    "mode); prompt: BFCL's prompting mode (docs in the system prompt, python call "
+                                    "lists); auto: native where the template takes tools. Recorded."),
     max_turns: Optional[int] = typer.Option(None, help="Cap on turns per trajectory."),
     enable_thinking: bool = typer.Option(False, help="Passed to the chat template and recorded."),
     data_path: Optional[str] = typer.Option(None, help="Full local copy of the task's data in its native "
@@ -202,6 +206,7 @@ def run(
         dtype=dtype, weight_layout=weight_layout, kv_cache=kv_cache, compile=compile, k=k, temperature=temperature,
         top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, limit=limit, seed=seed, resume=resume,
         replay=replay, context_policy=context_policy, max_turns=max_turns, enable_thinking=enable_thinking,
+        tool_format=None if tool_format == "auto" else tool_format,
         data_path=data_path, subset=subset, format=data_format, warmup=warmup, repeats=repeats,
         method_options=_parse_method_options(method_option, methods), engine=engine,
         sample_ids=None if sample_ids is None else [s.strip() for s in sample_ids.split(",") if s.strip()],

@@ -26,6 +26,9 @@ REPLAY_MODES = ("auto", "logged", "free", "closed")  # closed: BFCL-v3, executed
 CLOSED_TASK = "bfcl-v3"
 BFCL_INSTALL_HINT = ("pip install 'evalsuite[bfcl]' && pip install --no-deps bfcl-eval==2026.3.23 "
                      "(--no-deps: bfcl-eval pins numpy==1.26.4)")
+# --tool-format of the closed loop: the template's own tools and tool calls | BFCL's prompting mode (None = native
+# where the target's chat template takes `tools`, else prompt; the runner records the resolved one)
+TOOL_FORMATS = ("native", "prompt")
 CONTEXT_POLICIES = ("stop", "truncate-left")
 ENGINES = ("hf", "vllm")
 WEIGHT_LAYOUTS = ("auto", "fused", "row-major", "column-major", "column-major+onednn")
@@ -55,6 +58,7 @@ class RunConfig:
     out: str | None = None
     resume: bool = False
     replay: str = "auto"
+    tool_format: str | None = None  # --replay closed: native | prompt (None: auto, resolved by the runner)
     context_policy: str = "stop"
     max_turns: int | None = None
     enable_thinking: bool = False
@@ -235,7 +239,15 @@ class RunConfig:
         check_format_name(self.format)
 
     def _check_closed_loop(self) -> None:
+        if self.tool_format in ("", "auto"):
+            self.tool_format = None
+        if self.tool_format is not None and self.tool_format not in TOOL_FORMATS:
+            raise UserError(f"--tool-format {self.tool_format}: choose from auto, {', '.join(TOOL_FORMATS)}"
+                            f"{suggest(self.tool_format, TOOL_FORMATS)}")
         if self.replay != "closed":
+            if self.tool_format is not None:
+                raise UserError(f"--tool-format {self.tool_format}: it sets how the closed loop asks for tool calls; "
+                                "use it with --replay closed")
             return
         if self.task != CLOSED_TASK:
             raise UserError(f"--replay closed runs BFCL-v3's executed tools: use --task {CLOSED_TASK} "
@@ -263,7 +275,7 @@ class RunConfig:
 DRIFT_FIELDS = ("target_sha256", "chat_template_sha256", "tokenizer_sha256", "enable_thinking", "temperature",
                 "top_p", "top_k", "k", "max_new_tokens", "seed", "task", "subset", "data_sha256", "sample_ids",
                 "max_turns", "replay", "context_policy", "dtype", "weight_layout", "kv_cache", "compile", "threads",
-                "engine", "repeats", "format", "context_points")
+                "engine", "repeats", "format", "context_points", "tool_format")
 # Per-method drift fields ({method: value}): compared for the methods two runs share (a resume may add methods).
 PER_METHOD_DRIFT_FIELDS = ("drafter_sha256", "method_options")
 

@@ -30,7 +30,8 @@ from evalsuite.replay import ContextPolicy, MethodReplay, Window, check_replay_m
 from evalsuite.spans import SPANS_SCHEMA, SPANS_TABLE, label_turn, span_rows
 from evalsuite.store import RunStore, read_run
 from evalsuite.tasks.base import LoadOptions, Trajectory, get_task, replay_source, select_samples
-from evalsuite.tools.bfcl_loop import CLOSED, closed_replays, describe_closed_loop
+from evalsuite.chat import template_features
+from evalsuite.tools.bfcl_loop import CLOSED, NATIVE, closed_replays, describe_closed_loop, resolve_tool_format
 
 WARMUP_PROMPT = [{"role": "user", "content": "Warmup."}]
 
@@ -98,6 +99,9 @@ class Runner:
                 threads = self.threads_choice["chosen"]
         self.config = replace(self.config, threads=threads)
         self.chat = self.engine.chat
+        if self.replay == CLOSED:  # auto: native where the template takes tools (recorded resolved: a drift field)
+            self.config = replace(self.config, tool_format=resolve_tool_format(self.config.tool_format,
+                                                                               self.chat.chat_template))
         self.worker_device = self.worker_device or self.engine.device_label
         self.policy = make_policy(self.config.context_policy,
                                   Window(self.chat.max_context, self.config.max_new_tokens, self.config.k))
@@ -276,12 +280,18 @@ class Runner:
         """Each method's replay of `trajectory` as this run makes it (replay mode, context points, closed loop)."""
         if self.replay == CLOSED:
             return closed_replays(trajectory, methods, self.policy, self._render, self.config.temperature,
-                                  self.config.max_turns)
+                                  self.config.max_turns, tool_format=self.config.tool_format)
         return {name: MethodReplay(trajectory, self.replay, self.policy, self._render(trajectory),
                                    self.config.max_turns, self.config.context_points) for name in methods}
 
     def _replay_notes(self) -> dict:
-        return describe_closed_loop(self.config.temperature) if self.replay == CLOSED else {}
+        if self.replay != CLOSED:
+            return {}
+        rendering = ""
+        if self.config.tool_format == NATIVE and not template_features(self.chat.chat_template or "")["tools"]:
+            rendering = ("this chat template takes no tools: they, the calls and the results are rendered as text in "
+                         "the Hermes convention, evalsuite/chat.py")
+        return describe_closed_loop(self.config.temperature, self.config.tool_format, rendering=rendering)
 
     @staticmethod
     def _extra_rows(replays: dict[str, MethodReplay], kept: list[TurnRecord]) -> dict:

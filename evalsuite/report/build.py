@@ -21,6 +21,7 @@ from evalsuite.report import html as html_page
 from evalsuite.report import published as published_numbers
 from evalsuite.report.figures import write_figures
 from evalsuite.report.load import Results, display_path, load_results
+from evalsuite.report.closed_loop import closed_loop_section
 from evalsuite.report.spans import span_section
 from evalsuite.report.tables import (Box, Cell, Table, baseline_table, break_even_table, context_effect_table,
                                      context_table, cost_context_table, cost_table, degenerate_turns_table,
@@ -150,6 +151,9 @@ def write_report(paths: list[Path], out: Path, formats: set[str] = frozenset(FOR
     if span_items:  # runs holding span labels (docs/spans.md): after the cost section
         sections.insert(3, Section("spans", "Acceptance by span type and by copying", span_items))
     report.files, report.notes = report.files + span_files, report.notes + span_notes
+    closed_items = closed_loop_section(results)
+    if closed_items:  # --replay closed runs (BFCL-v3 live agent loops): before the details
+        sections.insert(len(sections) - 2, Section("closed_loop", "Closed agent loop: live tool calls", closed_items))
     for section in sections:
         section.items = [item for item in section.items if item is not None]
     warnings = [f"MIXED CONFIGURATIONS (--allow-mixed): {line}" for line in results.mixed] + dirty_warnings(results)

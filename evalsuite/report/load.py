@@ -21,7 +21,8 @@ from evalsuite.errors import UserError
 
 # Drift fields that legitimately differ between runs of *different* tasks; they must agree only among runs of
 # the same task (otherwise two rows of one table column would come from different protocols).
-PER_TASK_FIELDS = ("task", "replay", "seed", "max_new_tokens", "context_policy", "max_turns", "temperature")
+PER_TASK_FIELDS = ("task", "replay", "seed", "max_new_tokens", "context_policy", "max_turns", "temperature",
+                   "tool_format")
 # What identifies which samples a run drew; runs of one task must agree on it too.
 SAMPLE_SET_FIELDS = ("subset", "data_sha256", "sample_ids", "format")
 # Fields that every merged run must share, derived from the one list of drift fields.
@@ -36,7 +37,8 @@ class RunInfo:
 
     @property
     def task_label(self) -> str:
-        return task_label(self.config.get("task", "?"), self.config.get("subset"), self.config.get("temperature"))
+        label = task_label(self.config.get("task", "?"), self.config.get("subset"), self.config.get("temperature"))
+        return f"{label} closed" if self.config.get("replay") == "closed" else label  # live loops: own column
 
 
 @dataclass

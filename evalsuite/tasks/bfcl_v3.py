@@ -14,7 +14,8 @@ observations, so without them both replay alike.
 
 `meta` keeps what a closed loop needs to execute the target's own calls (evalsuite/tools/bfcl_loop.py,
 `--replay closed`): `involved_classes`, `initial_config` (each class's initial state), the raw `function_docs` and
-`long_context` (BFCL loads the long-context states for that category).
+`long_context` (BFCL loads the long-context states for that category), and `ground_truth` (the possible_answer
+call strings per turn, for BFCL's state-based check of the loop's final state, evalsuite/tools/bfcl_check.py).
 """
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ def load(options: LoadOptions) -> list[Trajectory]:
                                         for c in calls]}
             turns.append(Turn(new_messages=[dict(m) for m in messages], logged_reply=reply))
         meta = {"involved_classes": classes, "initial_config": row.get("initial_config") or {},
-                "function_docs": docs, "long_context": "long_context" in sample_id,
+                "function_docs": docs, "long_context": "long_context" in sample_id, "ground_truth": truth,
                 "logged_by": "BFCL's ground-truth calls (possible_answer)"}
         trajectories.append(Trajectory(sample_id, turns, tools=[bfcl_tool(d) for d in docs], meta=meta))
     return seeded_subset(trajectories, options.limit, options.seed)

@@ -1,6 +1,21 @@
 """A closed agent loop on BFCL-v3 multi-turn: the target's own tool calls are executed against `bfcl-eval`'s
 simulated backends and their results become its next context (`--replay closed`).
 
+Two ways of asking for calls (`--tool-format`, run.json `tool_format`; docs/closed_loop.md):
+- `native` (the default where the target's chat template takes `tools`): BFCL's function-calling (FC) mode. The
+  function docs go to the template as its tools (BFCL's FC conversion, tasks/bfcl_v3.py `bfcl_tool`: JSON-schema
+  parameters, BFCL's types mapped to JSON-schema types), no system prompt of ours. Replies are parsed as the
+  template's `<tool_call>{"name": …, "arguments": {…}}</tool_call>` blocks with `json.loads` only
+  (`native_calls.parse_native`; the same JSON call objects in a ``` fence or bare are taken too, recorded per call
+  in `forms`), and each call is checked against its tool's schema (`native_calls.ToolIndex.check`: unknown
+  function, unexpected or missing argument, wrong type → an error observation, not executed). The reply enters the
+  history as the template's assistant message with `tool_calls`, each result (or error) as a `tool` message.
+- `prompt`: BFCL's prompting mode, as below (the default for templates without tools).
+
+After each user turn BFCL's state-based multi-turn check (`bfcl_check.StateCheck`, bfcl-eval's own
+`state_checker`/`response_checker`, the calls never eval'd) compares the loop's backends with the ground truth's;
+the entry's verdict is `tool_calls.solved` on the loop's last decode.
+
 Pieces, each usable alone:
 - `parse_calls(text)`: the function calls in a reply, in BFCL's call syntax `[func(a=1, b='x'), other()]` (the
   syntax BFCL's default system prompt asks for; bare `func(a=1)`, a ``` fence and `<TOOLCALL>` tags are
@@ -28,8 +43,9 @@ Pieces, each usable alone:
   by `ar` for every method (tools executed once, from `ar`'s reply; each method's reply is compared with `ar`'s),
   at T>0 one session per method (pairing with `ar` is then by turn index only).
 - The `tool_calls` table (`TOOLS_SCHEMA`, stored beside turns.parquet): per (method, sample, turn) the user turn and
-  step, the executed calls, their results' size in bytes, the execution errors, a parse error, why the user turn
-  stopped there, the loop (shared | own) and `matches_ar`.
+  step, the reply's calls, their observations' size in bytes, per call its error, whether it was executed and its
+  form, a parse error, why the user turn stopped there, the loop (shared | own), `matches_ar`, and on the loop's
+  last decode `solved` and `check` (BFCL's verdict).
 
 `bfcl-eval` is an optional extra (installed with --no-deps: it pins numpy==1.26.4); `require_bfcl()` is the
 one-line error without it.
@@ -50,12 +66,15 @@ from typing import Callable
 import pandas as pd
 import pyarrow as pa
 
-from evalsuite.config import BFCL_INSTALL_HINT
+from evalsuite.chat import template_features
+from evalsuite.config import BFCL_INSTALL_HINT, TOOL_FORMATS
 from evalsuite.conventions import BASELINE
 from evalsuite.errors import UserError
 from evalsuite.replay import ContextPolicy, MethodReplay, Render, TurnContext
 from evalsuite.store import read_table
 from evalsuite.tasks.base import Trajectory, Turn
+from evalsuite.tools.bfcl_check import StateCheck, Verdict
+from evalsuite.tools.native_calls import FORMAT_HINT, ToolIndex, call_text, parse_native
 
 BACKEND_MODULES = {
     "GorillaFileSystem": "gorilla_file_system", "MathAPI": "math_api", "MessageAPI": "message_api",
@@ -69,12 +88,16 @@ STEP_LIMIT = 20  # bfcl_eval.constants.default_prompts.MAXIMUM_STEP_LIMIT
 INSTALL_HINT = BFCL_INSTALL_HINT
 CLOSED = "closed"  # the replay mode, and the replay label of closed-loop turns
 SHARED, OWN = "shared", "own"  # one loop led by ar for every method (T=0) | each method its own loop (T>0)
+NATIVE, PROMPT = "native", "prompt"  # --tool-format: the template's own tools and calls | BFCL's prompting mode
+assert set(TOOL_FORMATS) == {NATIVE, PROMPT}
 TOOLS_TABLE = "tool_calls"
 TOOLS_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("method", pa.string()), ("task", pa.string()), ("sample_id", pa.string()),
     ("turn", pa.int64()), ("user_turn", pa.int64()), ("step", pa.int64()), ("calls", pa.list_(pa.string())),
     ("result_bytes", pa.list_(pa.int64())), ("errors", pa.list_(pa.string())), ("parse_error", pa.string()),
     ("stop", pa.string()), ("loop", pa.string()), ("matches_ar", pa.bool_()),
+    ("executed", pa.list_(pa.bool_())), ("forms", pa.list_(pa.string())), ("solved", pa.bool_()),
+    ("check", pa.string()),
 ])
 _BARE_CALL = re.compile(r"[A-Za-z_][\w.]*\s*\(")
 _HERMES = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -277,10 +300,13 @@ class Backends:
 @dataclass
 class StepLog:
     step: int  # decode index within the user turn
-    calls: list[str] = field(default_factory=list)  # executed calls, as `name(args)`
-    result_bytes: list[int] = field(default_factory=list)  # UTF-8 size of each call's result
-    errors: list[str] = field(default_factory=list)  # per call: "" or the execution error
+    calls: list[str] = field(default_factory=list)  # the reply's calls, as `name(args)` (native: refused ones too)
+    result_bytes: list[int] = field(default_factory=list)  # UTF-8 size of each call's observation
+    errors: list[str] = field(default_factory=list)  # per call: "" or the execution error (or why it was refused)
     parse_error: str = ""  # the reply tried to call functions and could not be parsed
+    executed: list[bool] = field(default_factory=list)  # per call: run against the backends (native: schema passed)
+    results: list[str] = field(default_factory=list)  # the executed calls' results (BFCL's check; not stored)
+    forms: list[str] = field(default_factory=list)  # per call: python (prompt) | tag | fence | bare (native)
 
 
 @dataclass
@@ -294,6 +320,10 @@ class TurnLog:
         return sum(len(s.calls) for s in self.steps)
 
     @property
+    def executed(self) -> int:
+        return sum(sum(s.executed) for s in self.steps)
+
+    @property
     def result_bytes(self) -> int:
         return sum(sum(s.result_bytes) for s in self.steps)
 
@@ -301,17 +331,37 @@ class TurnLog:
     def errors(self) -> int:
         return sum(sum(1 for e in s.errors if e) + bool(s.parse_error) for s in self.steps)
 
+    @property
+    def results(self) -> list[str]:
+        return [r for s in self.steps for r in s.results]
+
+
+def backend_names(trajectory: Trajectory) -> dict[str, str]:
+    """The name the model sees for each function (BFCL's FC conversion turns "." into "_") → its backend name."""
+    return {d["name"].replace(".", "_"): d["name"] for d in trajectory.meta.get("function_docs") or []}
+
 
 class ClosedLoop:
-    """The tool side of a closed BFCL loop for one trajectory; `ClosedSession` drives it."""
+    """The tool side of a closed BFCL loop for one trajectory; `ClosedSession` drives it.
 
-    def __init__(self, step_limit: int = STEP_LIMIT):
+    `tool_format` prompt: replies are parsed as BFCL call lists (`parse_calls`), results and the parse-error
+    observation are `tool` messages named after the call. native: replies are parsed as the template's
+    `<tool_call>` JSON blocks (`native_calls.parse_native`) and each call is checked against its tool's schema
+    first (an unknown function, an unexpected or missing argument, a wrong type: an error observation, not
+    executed); the reply goes into the history as the template's assistant message with `tool_calls`, each
+    result (or error) as a `tool` message. `assistant` is the history message of the latest reply."""
+
+    def __init__(self, step_limit: int = STEP_LIMIT, tool_format: str = PROMPT):
         if step_limit < 1:
             raise UserError(f"closed loop: the step limit must be >= 1, got {step_limit}")
-        self.step_limit = step_limit
+        if tool_format not in (NATIVE, PROMPT):
+            raise UserError(f"closed loop: tool format {tool_format!r}: choose {NATIVE} or {PROMPT}")
+        self.step_limit, self.tool_format = step_limit, tool_format
         self.backends: Backends | None = None
+        self.tools: ToolIndex | None = None
         self.log: list[TurnLog] = []
         self.turn_over = True
+        self.assistant: dict | None = None
 
     def start(self, trajectory: Trajectory) -> None:
         """Fresh backends from the trajectory's initial state (bfcl-v3 meta: involved_classes, initial_config)."""
@@ -321,6 +371,7 @@ class ClosedLoop:
                             "(the closed loop runs --task bfcl-v3)")
         self.backends = Backends(list(meta["involved_classes"]), meta["initial_config"],
                                  bool(meta.get("long_context")))
+        self.tools = ToolIndex(trajectory.tools or [], backend_names(trajectory))
         self.log = []
         self.turn_over = True
 
@@ -339,17 +390,36 @@ class ClosedLoop:
         self.turn_over = True
 
     def after_reply(self, text: str) -> list[dict] | None:
-        """Execute the reply's calls: the messages to append (tool results, or an error observation), or None
-        when the reply called no function (the user turn is over). At the step limit the results still come back
-        and `turn_over` is set."""
+        """Execute the reply's calls: the messages to append after the reply (tool results, or error
+        observations), or None when the reply called no function (the user turn is over). At the step limit the
+        results still come back and `turn_over` is set."""
         if self.turn_over:
             raise RuntimeError("after_reply outside a user turn: call begin_turn first")
         turn = self.current
         step = StepLog(len(turn.steps))
         turn.steps.append(step)
+        self.assistant = {"role": "assistant", "content": text}
+        messages = self._native(text, step) if self.tool_format == NATIVE else self._prompt(text, step)
+        if messages is None:
+            self.end_turn("no_calls")
+            return None
+        if len(turn.steps) >= self.step_limit:
+            self.end_turn("step_limit")
+        return messages
+
+    def _run(self, step: StepLog, call: Call, shown: str, form: str = "python") -> str:
+        result, error = self.backends.execute(call)
+        step.forms.append(form)
+        step.calls.append(shown)
+        step.result_bytes.append(len(result.encode("utf-8")))
+        step.errors.append(error)
+        step.executed.append(True)
+        step.results.append(result)
+        return result
+
+    def _prompt(self, text: str, step: StepLog) -> list[dict] | None:
         parsed = parse_calls(text)
         if not parsed.attempted or (not parsed.calls and not parsed.error):
-            self.end_turn("no_calls")
             return None
         messages = []
         if parsed.error:
@@ -358,13 +428,40 @@ class ClosedLoop:
                              "content": f"Error: the function calls could not be parsed: {parsed.error}. Write "
                                         f"them as [func_name(param=value, ...), ...]."})
         for call in parsed.calls:
-            result, error = self.backends.execute(call)
-            step.calls.append(call.text())
-            step.result_bytes.append(len(result.encode("utf-8")))
-            step.errors.append(error)
-            messages.append({"role": "tool", "name": call.text(), "content": result})
-        if len(turn.steps) >= self.step_limit:
-            self.end_turn("step_limit")
+            messages.append({"role": "tool", "name": call.text(), "content": self._run(step, call, call.text())})
+        return messages
+
+    def _native(self, text: str, step: StepLog) -> list[dict] | None:
+        reply = parse_native(text)
+        if not reply.attempted:
+            return None
+        if reply.errors:
+            step.parse_error = "; ".join(reply.errors)
+        else:  # every block is a call: the template's own assistant message
+            self.assistant = {"role": "assistant", "content": reply.content, "tool_calls": [
+                {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in reply.calls]}
+        messages = []
+        for block in reply.blocks:
+            if block.call is None:
+                messages.append({"role": "tool", "name": "error",
+                                 "content": f"Error: {block.error}. {FORMAT_HINT}"})
+                continue
+            name, arguments = block.call.name, block.call.arguments
+            backend, refused = self.tools.check(name, arguments)
+            shown = call_text(name, arguments)
+            if refused:
+                observation = f"Error: {refused}"
+                step.forms.append(block.call.form)
+                step.calls.append(shown)
+                step.result_bytes.append(len(observation.encode("utf-8")))
+                step.errors.append(refused)
+                step.executed.append(False)
+            else:
+                observation = self._run(step, Call(backend, [], dict(arguments)), shown, block.call.form)
+            messages.append({"role": "tool", "name": name, "content": observation})
+        if reply.unclosed:
+            messages.append({"role": "tool", "name": "error",
+                             "content": f"Error: a <tool_call> is never closed with </tool_call>. {FORMAT_HINT}"})
         return messages
 
 
@@ -387,13 +484,28 @@ def system_prompt(function_docs: list[dict]) -> str:
         available_tools=style["available_tools"].format(format="json", functions=json.dumps(docs, indent=4)))
 
 
-def closed_trajectory(trajectory: Trajectory) -> Trajectory:
-    """The trajectory as the closed loop runs it: the system prompt first, the user turns, no logged replies."""
+def resolve_tool_format(requested: str | None, template: str | None) -> str:
+    """--tool-format: as given, or (None/auto) native where the chat template takes `tools`, else prompt."""
+    if requested not in (None, "", "auto"):
+        return requested
+    return NATIVE if template and template_features(template)["tools"] else PROMPT
+
+
+def closed_trajectory(trajectory: Trajectory, tool_format: str = PROMPT) -> Trajectory:
+    """The trajectory as the closed loop runs it: the user turns, no logged replies; prompt: BFCL's prompting-mode
+    system prompt first and no native tools; native: the function docs as the template's tools (BFCL's FC
+    conversion, tasks/bfcl_v3.py `bfcl_tool`) and no system message of ours (BFCL's FC handlers add none: the
+    template's own default system prompt and tool block frame the tools)."""
     docs = trajectory.meta.get("function_docs")
     if docs is None:
         raise UserError(f"--replay closed: sample {trajectory.sample_id} has no BFCL function docs "
                         "(the closed loop runs --task bfcl-v3)")
     turns = [Turn(new_messages=[dict(m) for m in turn.new_messages]) for turn in trajectory.turns]
+    if tool_format == NATIVE:
+        if not trajectory.tools:
+            raise UserError(f"--tool-format native: sample {trajectory.sample_id} has no tools")
+        return Trajectory(trajectory.sample_id, turns, tools=copy.deepcopy(trajectory.tools),
+                          meta=dict(trajectory.meta))
     turns[0].new_messages.insert(0, {"role": "system", "content": system_prompt(docs)})
     return Trajectory(trajectory.sample_id, turns, tools=None, meta=dict(trajectory.meta))
 
@@ -408,12 +520,15 @@ class ClosedSession:
     get the leader's contexts, their replies are only compared with the leader's (`matches_ar`)."""
 
     def __init__(self, trajectory: Trajectory, policy: ContextPolicy, render: Render, leader: str, shared: bool,
-                 max_decodes: int | None = None, step_limit: int = STEP_LIMIT):
+                 max_decodes: int | None = None, step_limit: int = STEP_LIMIT, tool_format: str = PROMPT):
         self.trajectory = trajectory  # as closed_trajectory() makes it
         self.policy, self.render, self.leader, self.shared = policy, render, leader, shared
         self.max_decodes = max_decodes
-        self.loop = ClosedLoop(step_limit)
+        self.loop = ClosedLoop(step_limit, tool_format)
         self.loop.start(trajectory)
+        truth = trajectory.meta.get("ground_truth")
+        self.check = StateCheck(trajectory.meta, truth) if truth is not None else None
+        self.verdict: Verdict | None = None  # BFCL's state-based check, once the loop ended
         self.history: list[dict] = []
         self.contexts: dict[int, TurnContext] = {}
         self.where: dict[int, tuple[int, int]] = {}
@@ -465,14 +580,16 @@ class ClosedSession:
                 self.loop.end_turn("skipped")
             self.steps[index], stop = StepLog(step), "skipped"
         else:
-            self.history.append({"role": "assistant", "content": text})
             messages = self.loop.after_reply(text)  # executes the calls (or the error observation)
+            self.history.append(self.loop.assistant)
             self.steps[index] = self.loop.current.steps[-1]
             if messages is not None:
                 self.history.extend(messages)
                 self._tail = len(messages)
             follows = messages is not None and not self.loop.turn_over
             stop = "" if follows else self.loop.current.stop
+            if not follows:
+                self._check_turn(self.loop.current)
         self.decoded = index + 1
         if follows:
             self.next = (user_turn, step + 1)
@@ -483,6 +600,19 @@ class ClosedSession:
         if self.next is not None and self.max_decodes is not None and self.decoded >= self.max_decodes:
             self.next, stop = None, stop or "max_turns"
         self.stops[index] = stop
+        if self.next is None and self.check is not None:
+            reason = self.broken or ("--max-turns ended the loop" if stop == "max_turns" else "")
+            self.verdict = self.check.finish(reason)
+
+    def _check_turn(self, turn: TurnLog) -> None:
+        """A user turn is over: BFCL's check of the backends' state after it (the step limit fails the entry, as
+        BFCL's force-quit does)."""
+        if self.check is None:
+            return
+        self.check.end_turn(turn.turn, self.loop.backends, turn.calls, turn.results)
+        if turn.stop == "step_limit" and self.check.verdict is None:
+            self.check.verdict = Verdict(False, "multi_turn:force_terminated",
+                                         f"the step limit ({self.loop.step_limit} decodes) ended the turn", turn.turn)
 
     def row(self, index: int, method: str) -> dict:
         """The tool_calls row of decode `index` for `method` (TOOLS_SCHEMA, less the key columns)."""
@@ -493,9 +623,18 @@ class ClosedSession:
         matches = None
         if self.shared and method != self.leader and mine is not None and leader is not None:
             matches = mine == leader
+        solved, check = None, ""
+        if self.verdict is not None and index == self.decoded - 1 and self.next is None:  # the loop's last decode
+            solved, check = self.verdict.valid, self.verdict.text()
+            differs = [i for i, r in self.replies.items() if method != self.leader and method in r
+                       and r[method] is not None and r[method] != r.get(self.leader)]
+            if differs:  # this method's own replies would have led elsewhere: its score is unknown
+                solved, check = None, (f"not scored: its replies to decodes {differs[:5]} differ from "
+                                       f"{self.leader}'s, whose loop ran ({check})")
         return {"user_turn": user_turn, "step": step, "calls": list(log.calls), "result_bytes": list(log.result_bytes),
                 "errors": list(log.errors), "parse_error": log.parse_error, "stop": self.stops.get(index, ""),
-                "loop": SHARED if self.shared else OWN, "matches_ar": matches}
+                "loop": SHARED if self.shared else OWN, "matches_ar": matches, "executed": list(log.executed),
+                "forms": list(log.forms), "solved": solved, "check": check}
 
 
 class ClosedReplay(MethodReplay):
@@ -525,23 +664,32 @@ class ClosedReplay(MethodReplay):
 
 
 def closed_replays(trajectory: Trajectory, methods, policy: ContextPolicy, render_for: Callable[[Trajectory], Render],
-                   temperature: float, max_turns: int | None = None,
-                   step_limit: int = STEP_LIMIT) -> dict[str, ClosedReplay]:
+                   temperature: float, max_turns: int | None = None, step_limit: int = STEP_LIMIT,
+                   tool_format: str = PROMPT) -> dict[str, ClosedReplay]:
     """Every method's closed replay of one bfcl-v3 trajectory. At T=0 the methods are lossless: one loop, led by
     `ar` (its replies' calls are executed once), whose contexts every method decodes; at T>0 each method runs its
     own loop (own backends), so turn i of two methods may have different contexts. `max_turns` caps the decodes."""
-    closed = closed_trajectory(trajectory)
+    closed = closed_trajectory(trajectory, tool_format)
     render = render_for(closed)
     methods = list(methods)
     if temperature == 0:
         leader = BASELINE if BASELINE in methods else methods[0]
-        session = ClosedSession(closed, policy, render, leader, True, max_turns, step_limit)
+        session = ClosedSession(closed, policy, render, leader, True, max_turns, step_limit, tool_format)
         return {m: ClosedReplay(session, m) for m in methods}
-    return {m: ClosedReplay(ClosedSession(closed, policy, render, m, False, max_turns, step_limit), m)
+    return {m: ClosedReplay(ClosedSession(closed, policy, render, m, False, max_turns, step_limit, tool_format), m)
             for m in methods}
 
 
-def describe_closed_loop(temperature: float, step_limit: int = STEP_LIMIT) -> dict:
+PROMPTS = {
+    PROMPT: "BFCL prompting mode: python call syntax, the function docs as JSON in the system prompt",
+    NATIVE: ("the template's native tools (BFCL's FC mode): the function docs as JSON-schema tools rendered by the chat "
+             "template, calls as <tool_call> JSON (also accepted: the same JSON call objects in a ``` fence or bare, "
+             "tool_calls.forms) checked against their schema, results as tool messages"),
+}
+
+
+def describe_closed_loop(temperature: float, tool_format: str = PROMPT, step_limit: int = STEP_LIMIT,
+                         rendering: str = "") -> dict:
     """run.json's `closed_loop`: how the loop ran and what `speedup_turn` pairs."""
     shared = temperature == 0
     try:
@@ -557,10 +705,15 @@ def describe_closed_loop(temperature: float, step_limit: int = STEP_LIMIT) -> di
                    ("by turn index only: at T>0 every method runs its own loop (its own calls executed), so ar's "
                     "decode of the same turn index saw another context (turns.pairing = turn_index)"),
         "step_limit": step_limit,
-        "prompt": "BFCL prompting mode: python call syntax, the function docs as JSON in the system prompt",
+        "tool_format": tool_format,
+        "prompt": PROMPTS[tool_format] + (f" ({rendering})" if rendering else ""),
+        "check": ("BFCL's state-based multi-turn check against possible_answer (bfcl-eval's state_checker and "
+                  "response_checker after each user turn; the calls executed by the loop, never eval'd): "
+                  "tool_calls.solved on each loop's last decode"),
         "backends": backend,
         "resume": "stored turns are replayed: their stored replies' calls are re-executed against fresh backends",
-        "table": f"{TOOLS_TABLE}.parquet: per turn the executed calls, their results' bytes, errors, stop",
+        "table": f"{TOOLS_TABLE}.parquet: per turn the calls, executed or refused, their results' bytes, errors, "
+                 "forms, stop; solved and check on each loop's last decode",
     }}
 
 

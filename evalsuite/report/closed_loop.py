@@ -1,0 +1,243 @@
+"""The report's closed-loop section (`--replay closed` runs, BFCL-v3): what the live agent loop did, and how
+speculation fares on the contexts it wrote, against the logged replay of the same entries.
+
+Pure pandas over the stored tables: each closed run's `tool_calls.parquet` (evalsuite/tools/bfcl_loop.py) joined
+with its turns (per-turn τ and paired speedup, `metrics.per_turn`) and steps.
+
+- **What the loop did** (per closed run's task column × method): entries, user turns, decodes (loop steps), calls
+  (parsed from the replies), executed (run against the backends; native: the schema check passed), refused (native:
+  unknown function, unexpected or missing argument, wrong type), execution errors, parse errors, the share of user
+  turns that executed ≥ 1 call with no parse error in the turn (and the same counting only calls in the template's
+  own `<tool_call>` tags), calls per user turn, tool-result bytes, solved entries (BFCL's state-based check,
+  `tool_calls.solved`, of the loops scored) and the share of replies equal to ar's (T=0).
+- **Per loop step** (step = decode index within a user turn; 3 and later pooled): decodes, mean context, mean
+  growth of the context since the previous decode (the reply and the tool results it got; for step 0 also the new
+  user message), mean tool-result bytes per decode, τ (pooled over verify steps) and speedup (pooled over the
+  paired decodes).
+- **Live against replayed**: for each closed run, the logged runs among the inputs of the same task and subset
+  (`--replay logged`: BFCL's ground-truth calls as the assistant turns, no tool results), restricted to the
+  entries the closed run ran; per drafting method and context bin, τ and speedup of each.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from evalsuite import metrics
+from evalsuite.conventions import BASELINE
+
+CLOSED = "closed"
+CONTEXT_EDGES = (0, 6_000, 8_000, 12_000, 16_000, 24_000, np.inf)
+STEP_BUCKETS = ("0", "1", "2", "3+")
+SUMMARY_COLUMNS = ["task", "method", "entries", "user_turns", "decodes", "calls", "executed", "refused",
+                   "execution_errors", "parse_errors", "turns_executing", "turns_executing_share",
+                   "turns_executing_tagged_share", "calls_per_user_turn", "result_bytes", "result_bytes_per_call",
+                   "solved", "scored", "same_as_ar"]
+STEP_COLUMNS = ["task", "method", "step", "decodes", "context_mean", "growth_mean", "result_bytes_mean", "tau",
+                "speedup"]
+LIVE_COLUMNS = ["task", "method", "context_bin", "live_decodes", "live_tau", "live_speedup", "replayed_decodes",
+                "replayed_tau", "replayed_speedup"]
+
+
+def closed_runs(results) -> list:
+    return [r for r in results.runs if r.config.get("replay") == CLOSED]
+
+
+def _lists(frame: pd.DataFrame, column: str) -> pd.Series:
+    return frame[column].map(lambda v: list(v) if isinstance(v, (list, tuple, np.ndarray)) else [])
+
+
+def loop_rows(results, run) -> pd.DataFrame:
+    """One closed run's tool_calls rows joined with its decoded turns (τ, speedup, context)."""
+    from evalsuite.tools.bfcl_loop import read_tool_calls
+
+    tools = read_tool_calls(run.path)
+    if tools.empty:
+        return tools
+    turns = results.turns[results.turns.run == run.key]
+    steps = results.steps[results.steps.run == run.key]
+    per = metrics.per_turn(steps, turns)
+    keys = ["method", "sample_id", "turn"]
+    rows = tools.drop(columns=[c for c in ("run_id", "task") if c in tools.columns]).merge(
+        per[keys + ["task", "context_len", "stop_reason", "tau", "steps", "speedup_turn", *metrics.SPEEDUP_COLUMNS]],
+        on=keys,
+        how="inner")
+    calls = _lists(rows, "calls")
+    executed = _lists(rows, "executed")
+    # runs written before `executed`/`forms`: every recorded call was executed (prompt mode)
+    executed = [e if len(e) == len(c) else [True] * len(c) for c, e in zip(calls, executed)]
+    forms = _lists(rows, "forms")
+    forms = [f if len(f) == len(c) else ["python"] * len(c) for c, f in zip(calls, forms)]
+    errors = _lists(rows, "errors")
+    rows["n_calls"] = [len(c) for c in calls]
+    rows["n_executed"] = [sum(e) for e in executed]
+    rows["n_tagged"] = [sum(1 for x, f in zip(e, f) if x and f == "tag") for e, f in zip(executed, forms)]
+    rows["n_refused"] = [len(e) - sum(e) for e in executed]
+    rows["n_exec_errors"] = [sum(1 for x, err in zip(e, r) if x and err) for e, r in zip(executed, errors)]
+    rows["bytes"] = [sum(b) for b in _lists(rows, "result_bytes")]
+    rows["parse_failed"] = rows.parse_error.fillna("").astype(str) != ""
+    rows = rows.sort_values(["method", "sample_id", "turn"]).reset_index(drop=True)
+    rows["growth"] = rows.groupby(["method", "sample_id"]).context_len.diff()
+    return rows
+
+
+def summary(rows: pd.DataFrame) -> pd.DataFrame:
+    records = []
+    for (task, method), group in rows.groupby(["task", "method"], sort=False):
+        turns = group.groupby(["sample_id", "user_turn"]).agg(executed=("n_executed", "sum"),
+                                                              tagged=("n_tagged", "sum"),
+                                                              parse=("parse_failed", "any"))
+        clean = ~turns.parse
+        executing = int(((turns.executed > 0) & clean).sum())
+        tagged = int(((turns.tagged > 0) & clean).sum())
+        scored = group.solved.dropna() if "solved" in group.columns else pd.Series(dtype=bool)
+        same = group.matches_ar.dropna() if "matches_ar" in group.columns else pd.Series(dtype=bool)
+        n_turns, calls = len(turns), int(group.n_calls.sum())
+        executed = int(group.n_executed.sum())
+        records.append({
+            "task": task, "method": method, "entries": group.sample_id.nunique(), "user_turns": n_turns,
+            "decodes": len(group), "calls": calls, "executed": executed, "refused": int(group.n_refused.sum()),
+            "execution_errors": int(group.n_exec_errors.sum()), "parse_errors": int(group.parse_failed.sum()),
+            "turns_executing": executing, "turns_executing_share": executing / n_turns if n_turns else np.nan,
+            "turns_executing_tagged_share": tagged / n_turns if n_turns else np.nan,
+            "calls_per_user_turn": calls / n_turns if n_turns else np.nan, "result_bytes": int(group.bytes.sum()),
+            "result_bytes_per_call": group.bytes.sum() / calls if calls else np.nan,
+            "solved": int(scored.astype(bool).sum()), "scored": len(scored),
+            "same_as_ar": float(same.astype(bool).mean()) if len(same) else np.nan})
+    return pd.DataFrame(records, columns=SUMMARY_COLUMNS)
+
+
+def _tau(group: pd.DataFrame) -> float:
+    counted = group.steps.fillna(0)
+    return float((group.tau.fillna(0) * counted).sum() / counted.sum()) if counted.sum() else np.nan
+
+
+def per_step(rows: pd.DataFrame) -> pd.DataFrame:
+    rows = rows.assign(bucket=rows.step.map(lambda s: str(int(s)) if s < 3 else "3+"))
+    records = []
+    for (task, method, bucket), group in rows.groupby(["task", "method", "bucket"], sort=False):
+        drafting = method != BASELINE
+        records.append({"task": task, "method": method, "step": bucket, "decodes": len(group),
+                        "context_mean": float(group.context_len.mean()), "growth_mean": float(group.growth.mean()),
+                        "result_bytes_mean": float(group.bytes.mean()),
+                        "tau": _tau(group) if drafting else np.nan,
+                        "speedup": metrics.speedup(group) if drafting else np.nan})
+    frame = pd.DataFrame(records, columns=STEP_COLUMNS)
+    if frame.empty:
+        return frame
+    order = {b: i for i, b in enumerate(STEP_BUCKETS)}
+    return frame.sort_values(["task", "method", "step"], key=lambda s: s.map(order) if s.name == "step" else s)
+
+
+def context_bin(length: float) -> str:
+    for low, high in zip(CONTEXT_EDGES, CONTEXT_EDGES[1:]):
+        if low <= length < high:
+            return f"≥ {low / 1000:g}k" if high == np.inf else f"{low / 1000:g}–{high / 1000:g}k"
+    return "?"
+
+
+def live_vs_replayed(results, run, rows: pd.DataFrame) -> pd.DataFrame:
+    """Per drafting method × context bin: the closed run's τ and speedup, and the logged runs' on the same
+    entries."""
+    logged = [r for r in results.runs if r.config.get("replay") in ("logged", "auto") and
+              r.config.get("task") == run.config.get("task") and r.config.get("subset") == run.config.get("subset")
+              and r.config.get("temperature") == run.config.get("temperature")]
+    samples = set(rows.sample_id)
+    live = rows[rows.method != BASELINE].assign(source="live")
+    replayed = []
+    for other in logged:
+        turns = results.turns[(results.turns.run == other.key) & results.turns.sample_id.isin(samples)]
+        steps = results.steps[(results.steps.run == other.key) & results.steps.sample_id.isin(samples)]
+        if len(turns):
+            replayed.append(metrics.per_turn(steps, turns))
+    both = [live] + [r[r.method != BASELINE].assign(source="replayed") for r in replayed]
+    frame = pd.concat(both, ignore_index=True)
+    if frame.empty:
+        return pd.DataFrame(columns=LIVE_COLUMNS)
+    frame["context_bin"] = frame.context_len.map(context_bin)
+    task = rows.task.iloc[0]
+    records = []
+    order = [context_bin(e) for e in CONTEXT_EDGES[:-1]] + ["all"]
+    for method, group in frame.groupby("method", sort=True):
+        for label in order:
+            cell = group if label == "all" else group[group.context_bin == label]
+            if cell.empty:
+                continue
+            record = {"task": task, "method": method, "context_bin": label}
+            for source in ("live", "replayed"):
+                part = cell[cell.source == source]
+                record[f"{source}_decodes"] = len(part)
+                record[f"{source}_tau"] = _tau(part) if len(part) else np.nan
+                record[f"{source}_speedup"] = metrics.speedup(part) if len(part) else np.nan
+            records.append(record)
+    return pd.DataFrame(records, columns=LIVE_COLUMNS)
+
+
+def _pct(value) -> str:
+    return "–" if value is None or (isinstance(value, float) and np.isnan(value)) else f"{100 * value:.0f} %"
+
+
+def closed_loop_section(results) -> list:
+    """The section's items (paragraphs and tables); [] when no input run is a closed loop."""
+    from evalsuite.report.tables import Cell, Table
+
+    runs = closed_runs(results)
+    if not runs:
+        return []
+    frames = [loop_rows(results, run) for run in runs]
+    rows = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else None
+    if rows is None:
+        return ["The closed-loop runs hold no tool_calls rows (written before the table existed, or unfinished)."]
+    formats = sorted({(r.config.get("closed_loop") or {}).get("tool_format") or r.config.get("tool_format")
+                      or "prompt" for r in runs})
+    items = [f"Live agent loops on BFCL-v3 (`--replay closed`, tool format {', '.join(formats)}): the target's own "
+             "calls were executed against bfcl-eval's simulated backends and their results were its next context; "
+             "each decode of the loop is one turn of the records. Solved: BFCL's state-based multi-turn check "
+             "(bfcl-eval's state and response checkers against possible_answer)."]
+    table = summary(rows)
+    body = [[Cell(r.task), Cell(r.method), Cell(int(r.entries)), Cell(int(r.user_turns)), Cell(int(r.decodes)),
+             Cell(int(r.calls)), Cell(int(r.executed)), Cell(int(r.refused)), Cell(int(r.execution_errors)),
+             Cell(int(r.parse_errors)), Cell(_pct(r.turns_executing_share)),
+             Cell(_pct(r.turns_executing_tagged_share)), Cell(r.calls_per_user_turn),
+             Cell(r.result_bytes, unit="bytes"), Cell(f"{int(r.solved)} / {int(r.scored)}"),
+             Cell(_pct(r.same_as_ar))] for r in table.itertuples(index=False)]
+    items.append(Table("closed_loop", "Closed loop: what the live agent did",
+                       ["Task", "Method", "entries", "user turns", "decodes", "calls", "executed", "refused",
+                        "exec. errors", "parse errors", "turns executing", "… tagged", "calls / turn",
+                        "result bytes", "solved", "same as ar"], body,
+                       ["turns executing: user turns with ≥ 1 executed call and no parse error in the turn; "
+                        "… tagged: counting only calls in the template's own <tool_call> tags",
+                        "refused: native calls that failed their tool's schema (not executed, an error "
+                        "observation); exec. errors: executed calls whose backend raised or returned an error",
+                        "solved: entries whose loop passed BFCL's state-based check / loops scored (at T=0 a method "
+                        "whose replies differ from ar's is not scored: the loop followed ar's)",
+                        "same as ar: replies equal to ar's on the same context (T=0)"], table))
+    steps = per_step(rows)
+    body = [[Cell(r.task), Cell(r.method), Cell(r.step), Cell(int(r.decodes)), Cell(r.context_mean, digits=0),
+             Cell(r.growth_mean, digits=0), Cell(r.result_bytes_mean, unit="bytes"), Cell(r.tau), Cell(r.speedup)]
+            for r in steps.itertuples(index=False)]
+    items.append(Table("closed_loop_steps", "Closed loop: τ and speedup per loop step",
+                       ["Task", "Method", "step", "decodes", "context", "growth", "result bytes", "τ", "speedup"],
+                       body, ["step: the decode's index within its user turn (0: answering the user message; "
+                              "k > 0: after k rounds of tool results), 3 and later pooled",
+                              "context: mean tokens before the decode; growth: mean tokens added since the previous "
+                              "decode of the loop (its reply and the tool results; at step 0 also the user message)",
+                              "τ pooled over verify steps, speedup pooled over the paired decodes (ar: –)"], steps))
+    live = pd.concat([live_vs_replayed(results, run, rows[rows.task == run.task_label]) for run in runs
+                      if (rows.task == run.task_label).any()], ignore_index=True)
+    if live.empty or not live.replayed_decodes.sum():
+        items.append("No logged replay of the same entries among the inputs: pass the `--replay logged` runs of the "
+                     "same task, subset and entries to compare live and replayed contexts.")
+    if not live.empty:
+        body = [[Cell(r.task), Cell(r.method), Cell(r.context_bin), Cell(int(r.live_decodes)), Cell(r.live_tau),
+                 Cell(r.live_speedup), Cell(int(r.replayed_decodes)), Cell(r.replayed_tau),
+                 Cell(r.replayed_speedup)] for r in live.itertuples(index=False)]
+        items.append(Table("closed_loop_live_vs_replayed", "Closed loop: live contexts against the logged replay",
+                           ["Task", "Method", "context", "decodes", "τ", "speedup", "decodes", "τ", "speedup"],
+                           body, ["live: the closed loop's decodes (the target's own calls and the tools' real "
+                                  "results in context); replayed: the logged replay of the same entries (BFCL's "
+                                  "ground-truth calls as assistant turns, no tool results)",
+                                  "context bins by the decode's context tokens"], live,
+                           groups=[("", 3), ("live", 3), ("replayed", 3)]))
+    return items
