@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -154,7 +155,7 @@ def f32_gguf(source: Path, out: Path) -> Path:
     return out
 
 
-def llama_cpp(args, contexts: dict[int, list[int]], ggufs: dict[str, Path]) -> list[dict]:
+def run_llama_cpp(args, contexts: dict[int, list[int]], ggufs: dict[str, Path]) -> list[dict]:
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
@@ -216,14 +217,18 @@ def vllm(args, contexts: dict[int, list[int]], model_dir: str) -> list[dict]:
                                     "max_len": max(contexts) + args.new_tokens + 16}))
         script = Path(tmp) / "bench.py"
         script.write_text(VLLM_SCRIPT)
-        env = {"VLLM_CPU_OMP_THREADS_BIND": "all", "OMP_NUM_THREADS": str(torch.get_num_threads()),
-               "VLLM_CPU_KVCACHE_SPACE": "2", "PATH": "/usr/bin:/bin"}
+        import os
+
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))},
+               "VLLM_CPU_OMP_THREADS_BIND": "all", "OMP_NUM_THREADS": str(torch.get_num_threads()),
+               "VLLM_CPU_KVCACHE_SPACE": "2"}
         done = subprocess.run([str(python), str(script), str(spec)], capture_output=True, text=True, env=env,
                               timeout=1800)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise RuntimeError(f"vLLM exited {done.returncode}: {tail[0][:200]}")
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        cause = [line for line in lines if "Error" in line and "Engine core initialization" not in line][-1:]
+        raise RuntimeError(f"vLLM exited {done.returncode}: {(cause or lines[-1:] or ['no output'])[0][:300]}")
     return [{"engine": "vllm (CPU)", "precision": "fp32", **row} for row in json.loads(lines[0][7:])]
 
 
@@ -286,13 +291,15 @@ def main(argv: list[str] | None = None) -> int:
                     f32.parent.mkdir(parents=True, exist_ok=True)
                     f32_gguf(source, f32.with_suffix(".tmp"))
                     f32.with_suffix(".tmp").replace(f32)
-                rows += llama_cpp(args, contexts, {"f32": f32, quant: source})
+                rows += run_llama_cpp(args, contexts, {"f32": f32, quant: source})
             elif peer == "vllm":
                 if not (ROOT / ".venv-vllm" / "bin" / "python").exists():
                     skipped.append("vllm: no .venv-vllm (scripts/setup_vllm.sh)")
                     continue
                 rows += vllm(args, contexts, model_dir)
         except Exception as err:  # a peer that fails is reported, never silently dropped
+            if os.environ.get("EVALSUITE_DEBUG"):
+                raise
             skipped.append(f"{peer}: failed ({type(err).__name__}: {str(err).splitlines()[0][:160]})")
         print(f"  {peer}: done", flush=True)
 
