@@ -142,9 +142,8 @@ def main() -> None:
     thread_counts = [int(t) for t in args.threads.split(",")] if args.threads else [torch.get_num_threads()]
     variants = {}
     for spec in args.layouts.split(","):
-        layout, _, cache = spec.partition("+dynamic")
-        variants[spec] = dict(weight_layout=layout or "auto", kv_cache="dynamic" if spec.endswith("+dynamic")
-                              else "static")
+        layout = spec.removesuffix("+dynamic")
+        variants[spec] = dict(weight_layout=layout or "auto", kv_cache="static" if layout == spec else "dynamic")
     if args.compile:
         variants["column-major+compile"] = dict(weight_layout="column-major", kv_cache="static", compile=True)
     loaded = {name: load(args, **options) for name, options in variants.items()}

@@ -69,6 +69,7 @@ def median_time(fn, repeats: int) -> float:
 def ours(args, contexts: dict[int, list[int]]) -> list[dict]:
     from evalsuite.config import RunConfig
     from evalsuite.engines.hf import HfEngine
+    from evalsuite.metrics import tau_of
 
     config = RunConfig(methods=["ngram"], task="swebench", target=args.target, max_new_tokens=args.new_tokens,
                        k=7, threads=torch.get_num_threads())
@@ -77,18 +78,17 @@ def ours(args, contexts: dict[int, list[int]]) -> list[dict]:
     rows = []
     for length, ids in contexts.items():
         engine.begin_trajectory()
-        results = {}
-        for method in ("ar", "ngram", "ar", "ngram"):  # the first pass warms the shapes up
-            results.setdefault(method, [])
-            results[method].append(engine.decode(method, ids, 0))
-        for _ in range(args.repeats - 1):
-            for method in ("ar", "ngram"):
+        methods = ("ar", "ngram")
+        for method in methods:  # warm-up: the shapes of this context, untimed
+            engine.decode(method, ids, 0)
+        results = {method: [] for method in methods}
+        for _ in range(args.repeats):  # interleaved repeats
+            for method in methods:
                 results[method].append(engine.decode(method, ids, 0))
         for method, runs in results.items():
-            runs = runs[1:]
             ms = statistics.median(1e3 * r.decode_s / len(r.output_ids) for r in runs)
-            steps = [s for r in runs[:1] for s in r.steps if not s.budget_limited]
-            tau = sum(s.num_accepted + 1 for s in steps) / max(len(steps), 1)
+            steps = runs[0].steps
+            tau = tau_of([s.num_accepted for s in steps], [s.budget_limited for s in steps])
             rows.append({"engine": f"ours {method}", "precision": "fp32", "context": length, "ms": ms,
                          "tau": round(tau, 2) if method != "ar" else None,
                          "tokens": runs[0].output_ids})
@@ -217,8 +217,6 @@ def vllm(args, contexts: dict[int, list[int]], model_dir: str) -> list[dict]:
                                     "max_len": max(contexts) + args.new_tokens + 16}))
         script = Path(tmp) / "bench.py"
         script.write_text(VLLM_SCRIPT)
-        import os
-
         env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))},
                "VLLM_CPU_OMP_THREADS_BIND": "all", "OMP_NUM_THREADS": str(torch.get_num_threads()),
                "VLLM_CPU_KVCACHE_SPACE": "2"}

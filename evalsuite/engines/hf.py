@@ -9,6 +9,7 @@ share one prefill and a growing agent context is prefilled incrementally. Each d
 from __future__ import annotations
 
 import platform
+import statistics
 from dataclasses import dataclass, field
 
 import torch
@@ -101,8 +102,6 @@ class HfEngine(Engine):
         of 5, after a warm-up) and keep the count with the lowest decode + verify; on a CPU only."""
         if self.target.device.type != "cpu" or len(candidates) < 2:
             return None
-        import statistics
-
         generator = torch.Generator().manual_seed(0)
         vocab = self.target.vocab_size
         context = torch.randint(4, vocab, (512,), generator=generator)

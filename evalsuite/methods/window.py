@@ -13,12 +13,14 @@ position of its absolute position.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from evalsuite.buffers import GrowableBuffer
 
 SLACK = 64  # rows a windowed cache may hold beyond W: a proposal's entries and a commit (k <= 64), or a block
 
 
-class DraftRows:
+class DraftRows(ABC):
     """Rows at absolute positions [base, length) of `buffers` (all along one axis, all written together)."""
 
     def __init__(self, window: int | None):
@@ -33,8 +35,9 @@ class DraftRows:
         limit = None if self.window is None else self.window + SLACK
         return GrowableBuffer(axis=axis, minimum=minimum if limit is None else min(minimum, limit), limit=limit)
 
+    @abstractmethod
     def buffers(self) -> list[GrowableBuffer]:
-        raise NotImplementedError
+        """The owner's buffers, all indexed by the same rows."""
 
     @property
     def held(self) -> int:
