@@ -39,7 +39,7 @@ def real_runs(tiny_llama_dir, tmp_path_factory):
     for task in ("gsm8k", "mt-bench"):
         out = root / task
         result = cli.invoke(app, ["run", "--method", "ngram,ar", "--task", task, "--target", str(tiny_llama_dir),
-                                  "--limit", "2", "--max-new-tokens", "24", "--k", "4", "--out", str(out)],
+                                  "--limit", "2", "--max-new-tokens", "24", "--k", "4", "--threads", "1", "--out", str(out)],
                             catch_exceptions=False)
         assert result.exit_code == 0, result.output
         runs.append(out)

@@ -410,3 +410,41 @@ def test_auto_threads_records_the_measured_choice_and_a_resume_keeps_it(tiny_qwe
         assert again["threads"] == config["threads"] and again["contention"]["threads_choice"] == choice
     finally:
         torch.set_num_threads(1)
+
+
+def test_auto_threads_are_remembered_so_two_runs_of_one_machine_merge(tiny_qwen3_dir, tmp_path, monkeypatch):
+    """A second --threads auto run of the same set-up reuses the first one's measured choice (and says so), even
+    when a new measurement would choose the other count, so the two runs can be reported together."""
+    from evalsuite import contention
+    from evalsuite.engines import hf
+
+    monkeypatch.setenv("EVALSUITE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(contention, "resolve_threads", lambda requested, snap: 2 if requested in (None, "auto")
+                        else int(requested))
+    calls = []
+    measure = hf.HfEngine._measure_threads
+
+    def flip(self, candidates):  # the first measurement as measured; any later one would pick the other count
+        choice = measure(self, candidates)
+        if calls:
+            choice = {**choice, "chosen": 3 - calls[0]}
+        calls.append(choice["chosen"])
+        return choice
+
+    monkeypatch.setattr(hf.HfEngine, "_measure_threads", flip)
+    try:
+        configs = []
+        for task in ("gsm8k", "mt-bench"):
+            out = tmp_path / task
+            assert run_cli("run", "--method", "ngram", "--task", task, "--target", str(tiny_qwen3_dir), "--limit",
+                           "1", "--max-new-tokens", "4", "--out", str(out)).exit_code == 0
+            configs.append(json.loads((out / "run.json").read_text()))
+        assert len(calls) == 1  # measured once
+        first, second = (c["contention"]["threads_choice"] for c in configs)
+        assert first["source"] == "measured in this run" and second["source"].startswith("remembered: measured ")
+        assert first["candidates"] == second["candidates"] and configs[0]["threads"] == configs[1]["threads"]
+        report = run_cli("report", str(tmp_path / "gsm8k"), str(tmp_path / "mt-bench"), "--out",
+                         str(tmp_path / "report"), "--resamples", "100")
+        assert report.exit_code == 0, report.output
+    finally:
+        torch.set_num_threads(1)

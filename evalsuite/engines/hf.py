@@ -8,8 +8,12 @@ share one prefill and a growing agent context is prefilled incrementally. Each d
 
 from __future__ import annotations
 
+import hashlib
+import json
 import platform
+import socket
 import statistics
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -21,7 +25,7 @@ from evalsuite.engines.loop import decode_turn
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Method, Sampling, common_prefix_len, get_method
 from evalsuite.records import TurnResult
-from evalsuite.target import TargetModel, cached_weights_hash
+from evalsuite.target import TargetModel, cache_root, cached_weights_hash
 from evalsuite.timing import DeviceClock
 
 
@@ -99,9 +103,38 @@ class HfEngine(Engine):
 
     def tune_threads(self, candidates: list[int]) -> dict | None:
         """Time a one-token decode and a (k+1)-token verify after 512 cached tokens at each thread count (median
-        of 5, after a warm-up) and keep the count with the lowest decode + verify; on a CPU only."""
+        of 5, after a warm-up) and keep the count with the lowest decode + verify; on a CPU only.
+
+        The choice is remembered under evalsuite's cache dir, keyed by the host, the CPU, torch, the target's
+        weights and layout, k and the candidate counts: a later run of the same set-up reuses it (its record says
+        so, with the original measurement), so two runs of one machine are timed with the same count and can be
+        merged. Delete `<cache>/threads-choice/` to measure again."""
         if self.target.device.type != "cpu" or len(candidates) < 2:
             return None
+        key = {"host": socket.gethostname(), "cpu": _cpu_model(), "torch": torch.__version__,
+               "target_sha256": cached_weights_hash(self.target.model_dir), "dtype": str(self.target.dtype),
+               "weight_layout": self.target.weight_layout, "k": self.config.k, "candidates": list(candidates)}
+        record = cache_root() / "threads-choice" / (
+            hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24] + ".json")
+        try:
+            saved = json.loads(record.read_text())
+            if saved.get("key") == key and saved["choice"]["chosen"] in candidates:
+                torch.set_num_threads(saved["choice"]["chosen"])
+                return {**saved["choice"], "source": f"remembered: measured {saved['measured_at']} on this set-up"}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass
+        choice = self._measure_threads(candidates)
+        try:
+            record.parent.mkdir(parents=True, exist_ok=True)
+            tmp = record.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"key": key, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                       "choice": choice}, indent=1))
+            tmp.replace(record)
+        except OSError:  # a read-only cache: measured each run, said so
+            return {**choice, "source": "measured in this run (not remembered: the cache dir is not writable)"}
+        return {**choice, "source": "measured in this run"}
+
+    def _measure_threads(self, candidates: list[int]) -> dict:
         generator = torch.Generator().manual_seed(0)
         vocab = self.target.vocab_size
         context = torch.randint(4, vocab, (512,), generator=generator)
@@ -197,6 +230,16 @@ class HfEngine(Engine):
             "device_facts": device_facts(target.device),
             "device_processes": contention.cuda_processes() if target.device.type == "cuda" else [],
         }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def device_facts(device: torch.device) -> dict:
