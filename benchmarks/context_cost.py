@@ -15,7 +15,8 @@ uses (set OMP_NUM_THREADS).
 Usage: python benchmarks/context_cost.py [--target default] [--contexts 512,2048,4096,8000] [--repeats 10]
        [--cache dynamic,static] [--compile]
 On a GPU, a Qwen3-8B-shaped target with random bf16 weights (benchmarks/gpu_check.sh runs this):
-       python benchmarks/context_cost.py --target qwen3-8b-random --device cuda --contexts 1024,8192,32768 --compile
+       python benchmarks/context_cost.py --target qwen3-8b-random --device cuda --contexts 1024,8192,32768 \
+           --layouts fused,fused+graphs --compile
        (--tiny: the same code path with tiny shapes, for a check on CPU)
 """
 
@@ -108,7 +109,8 @@ def measure(targets: dict[str, tuple[TargetModel, int]], context: int, repeats: 
     return {name: {n: statistics.median(v) for n, v in per.items()} for name, per in times.items()}
 
 
-def load(args, kv_cache: str = "static", compile: bool = False, weight_layout: str = "auto") -> TargetModel:
+def load(args, kv_cache: str = "static", compile: bool = False, weight_layout: str = "auto",
+         cuda_graphs: str = "off") -> TargetModel:
     """The default target or a path as `evalsuite run` loads it; or a random Qwen3-shaped one (draft_cost.py's)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from draft_cost import RANDOM_TARGETS, random_target
@@ -116,11 +118,12 @@ def load(args, kv_cache: str = "static", compile: bool = False, weight_layout: s
     if args.target in RANDOM_TARGETS:
         dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
         shape = "tiny" if args.tiny else RANDOM_TARGETS[args.target]
-        target = random_target(shape, args.target, args.device, dtype, kv_cache, compile, weight_layout)
+        target = random_target(shape, args.target, args.device, dtype, kv_cache, compile, weight_layout, cuda_graphs)
     else:
         target = TargetModel.load(args.target, args.device, kv_cache=kv_cache, compile=compile,
-                                  weight_layout=weight_layout)
+                                  weight_layout=weight_layout, cuda_graphs=cuda_graphs)
     target.prepare_blocks(max(BLOCKS))  # as the engine does before a run with --k 7
+    target.prepare_layers([()])  # CUDA graphs: every block size and span captured before timing
     return target
 
 
@@ -132,7 +135,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--layouts", default="auto",
                         help="comma-separated engines to time side by side: a --weight-layout each (auto, fused, "
-                             "column-major+onednn, ...), optionally +dynamic for transformers' DynamicCache")
+                             "column-major+onednn, ...), optionally +dynamic for transformers' DynamicCache or "
+                             "+graphs for the fused decoder's CUDA-graph replays (--device cuda)")
     parser.add_argument("--threads", default=None,
                         help="comma-separated thread counts, each timed as its own variant (default: torch's)")
     parser.add_argument("--compile", action="store_true", help="also time the HF decoder with --compile")
@@ -142,8 +146,10 @@ def main() -> None:
     thread_counts = [int(t) for t in args.threads.split(",")] if args.threads else [torch.get_num_threads()]
     variants = {}
     for spec in args.layouts.split(","):
-        layout = spec.removesuffix("+dynamic")
-        variants[spec] = dict(weight_layout=layout or "auto", kv_cache="static" if layout == spec else "dynamic")
+        graphs = spec.endswith("+graphs")
+        layout = spec.removesuffix("+graphs").removesuffix("+dynamic")
+        variants[spec] = dict(weight_layout=layout or "auto", cuda_graphs="on" if graphs else "off",
+                              kv_cache="dynamic" if spec.endswith("+dynamic") else "static")
     if args.compile:
         variants["column-major+compile"] = dict(weight_layout="column-major", kv_cache="static", compile=True)
     loaded = {name: load(args, **options) for name, options in variants.items()}
@@ -151,6 +157,7 @@ def main() -> None:
     for name, target in loaded.items():
         for threads in thread_counts:
             label = f"{target.weight_layout}{'+dynamic' if target.kv_cache == 'dynamic' else ''}" + \
+                ("+graphs" if target.cuda_graphs == "on" else "") + \
                 (f"/{threads}t" if len(thread_counts) > 1 or args.threads else "")
             targets[label] = (target, threads)
     contexts = [int(c) for c in args.contexts.split(",")]

@@ -70,10 +70,11 @@ class Row:
 
 # ---- set-up -----------------------------------------------------------------------------------------------------
 def random_target(shape: str, name: str, device: str, dtype: torch.dtype, kv_cache: str = "static",
-                  compile: bool = False, weight_layout: str = "row-major") -> TargetModel:
+                  compile: bool = False, weight_layout: str = "row-major", cuda_graphs: str = "off") -> TargetModel:
     """A named shape of evalsuite.profile with random weights, as loaded (row-major weights unless told)."""
     config, _ = shape_config(shape)
-    return profile_random_target(config, name, device, dtype, weight_layout, compile=compile, kv_cache=kv_cache)
+    return profile_random_target(config, name, device, dtype, weight_layout, compile=compile, kv_cache=kv_cache,
+                                 cuda_graphs=cuda_graphs)
 
 
 def load_target(args) -> TargetModel:

@@ -155,6 +155,9 @@ def run(
                                  "DynamicCache, the engine before it)."),
     compile: bool = typer.Option(False, "--compile", help="Decode and verify forwards through torch.compile "
                                  "(compiled during the warm-up; recorded)."),
+    cuda_graphs: str = typer.Option("auto", help="auto | on | off: decode and verify forwards of 1…k+1 tokens "
+                                    "replayed from CUDA graphs captured before timing (auto: on CUDA with the "
+                                    "fused decoder; recorded resolved)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Run directory (default results/<run_id>)."),
     resume: bool = typer.Option(False, help="Skip (method, sample) pairs already finished in --out."),
     replay: str = typer.Option("auto", help="auto | logged | free | closed: history for later turns (closed: "
@@ -203,7 +206,8 @@ def run(
     methods = _infer_auto_method([m.strip() for m in method.split(",") if m.strip()], drafter)
     config = RunConfig(
         methods=methods, task=task, target=target, drafters=_parse_drafters(drafter, methods), device=device,
-        dtype=dtype, weight_layout=weight_layout, kv_cache=kv_cache, compile=compile, k=k, temperature=temperature,
+        dtype=dtype, weight_layout=weight_layout, kv_cache=kv_cache, compile=compile, cuda_graphs=cuda_graphs, k=k,
+        temperature=temperature,
         top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, limit=limit, seed=seed, resume=resume,
         replay=replay, context_policy=context_policy, max_turns=max_turns, enable_thinking=enable_thinking,
         tool_format=None if tool_format == "auto" else tool_format,

@@ -33,6 +33,7 @@ CONTEXT_POLICIES = ("stop", "truncate-left")
 ENGINES = ("hf", "vllm")
 WEIGHT_LAYOUTS = ("auto", "fused", "row-major", "column-major", "column-major+onednn")
 CACHE_KINDS = ("static", "dynamic")
+CUDA_GRAPHS = ("auto", "on", "off")
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}
 
@@ -48,6 +49,7 @@ class RunConfig:
     weight_layout: str = "auto"  # the target's Linear weight storage (TargetModel.load); resolved in run.json
     kv_cache: str = "static"  # the target's KV cache: static (evalsuite.kv_cache) | dynamic (transformers')
     compile: bool = False  # decode and verify forwards through torch.compile
+    cuda_graphs: str = "auto"  # decode and verify forwards replayed from CUDA graphs: auto (on CUDA) | on | off
     k: int = 7
     temperature: float = 0.0
     top_p: float = 1.0
@@ -138,6 +140,10 @@ class RunConfig:
         if self.compile and self.weight_layout in ("column-major+onednn", "fused"):
             raise UserError(f"--compile with --weight-layout {self.weight_layout}: torch.compile runs the Hugging Face "
                             "decoder; use --weight-layout column-major or auto")
+        if self.cuda_graphs not in CUDA_GRAPHS:
+            raise UserError(f"--cuda-graphs {self.cuda_graphs}: choose from {', '.join(CUDA_GRAPHS)}")
+        if self.cuda_graphs == "on" and not self.device.startswith("cuda"):
+            raise UserError(f"--cuda-graphs on with --device {self.device}: CUDA graphs need --device cuda")
         if self.weight_layout == "fused" and self.kv_cache == "dynamic":
             raise UserError("--weight-layout fused runs on the static KV cache; drop --kv-cache dynamic")
         if self.gpus_per_worker and not self.device.startswith("cuda"):
@@ -274,16 +280,22 @@ class RunConfig:
 # `evalsuite report` refuses to merge them (some only among runs of one task: report/load.py).
 DRIFT_FIELDS = ("target_sha256", "chat_template_sha256", "tokenizer_sha256", "enable_thinking", "temperature",
                 "top_p", "top_k", "k", "max_new_tokens", "seed", "task", "subset", "data_sha256", "sample_ids",
-                "max_turns", "replay", "context_policy", "dtype", "weight_layout", "kv_cache", "compile", "threads",
+                "max_turns", "replay", "context_policy", "dtype", "weight_layout", "kv_cache", "compile", "cuda_graphs", "threads",
                 "engine", "repeats", "format", "context_points", "tool_format")
 # Per-method drift fields ({method: value}): compared for the methods two runs share (a resume may add methods).
 PER_METHOD_DRIFT_FIELDS = ("drafter_sha256", "method_options")
+
+
+# What a drift field meant in runs recorded before it existed
+DRIFT_DEFAULTS = {"cuda_graphs": "off"}
 
 
 def drift_value(key: str, value) -> str:
     """A drift field's value in comparable form (the selected samples compare as a set)."""
     if key == "sample_ids" and isinstance(value, list):
         value = sorted(value)
+    if value is None:
+        value = DRIFT_DEFAULTS.get(key)
     return json.dumps(value, sort_keys=True, default=str)
 
 

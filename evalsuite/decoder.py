@@ -194,29 +194,66 @@ class FusedDecoder:
             allowed = torch.arange(end, device=self.device).view(1, end) <= \
                 torch.arange(start, end, device=self.device).view(rows, 1)
             mask = allowed.repeat(self.groups, 1)
-        wanted = {j + 1: None for j in layer_ids}
-        if 0 in wanted:
-            wanted[0] = x
-        last_layer = len(self.layers)
-        for index, (layer, cache_layer) in enumerate(zip(self.layers, cache.layers)):
-            x = self._layer(x, layer, cache_layer, cos, sin, mask, batch, rows)
-            if index + 1 in wanted and index + 1 != last_layer:
-                wanted[index + 1] = x
-        x = F.rms_norm(x, (self.hidden,), self.final_norm, self.eps)
-        if last_layer in wanted:
-            wanted[last_layer] = x
+        x, hidden = self._layers(x, [layer.update for layer in cache.layers], cos, sin, mask, batch, rows, layer_ids)
         if pad:
             cache.crop_to(start + n)
-        hidden = None
-        if layer_ids:
-            hidden = torch.stack([wanted[j + 1][:, :n] for j in layer_ids], dim=2)
+        if hidden is not None:
+            hidden = hidden[:, :n]
         if not logits:
             return None, hidden
         if last_only:
             return self._linear(x[:, n - 1:n], self.head, None), hidden
         return self._linear(x, self.head, self.head_packed)[:, :n], hidden
 
-    def _layer(self, x, layer: _Layer, cache_layer, cos, sin, mask, batch: int, rows: int):
+    @torch.inference_mode()
+    def forward_at(self, ids: torch.Tensor, positions: torch.Tensor, buffers: list[tuple[torch.Tensor, torch.Tensor]],
+                   span: int, layer_ids: tuple[int, ...] = ()):
+        """A block `ids` [1, n] at the absolute `positions` ([n] on the device) with every shape fixed by (n, span)
+        and no Python value taken from the context: each layer's K/V go into its whole preallocated cache buffers
+        (`buffers`: (K, V) of [1, kv_heads, capacity, head_dim]) by `index_copy_`, attention reads their first
+        `span` positions under a mask built from `positions`, rotary rows are gathered from the table (grown to the
+        capacity beforehand, `ensure_positions`). So a CUDA graph can capture it once per (n, span) and replay it
+        at any context up to `span` (evalsuite.captured). Returns (logits [1, n, V], hidden or None); the caller
+        moves the cache's length."""
+        rows = ids.shape[1]
+        x = F.embedding(ids, self.embed)
+        cos = self._cos.index_select(0, positions).view(1, rows, 1, self.head_dim)
+        sin = self._sin.index_select(0, positions).view(1, rows, 1, self.head_dim)
+        columns = torch.arange(span, device=positions.device).view(1, span)
+        mask = (columns <= positions.view(rows, 1)).repeat(self.groups, 1)
+
+        def writer(keys: torch.Tensor, values: torch.Tensor):
+            def write(k, v):
+                keys.index_copy_(2, positions, k)
+                values.index_copy_(2, positions, v)
+                return keys[:, :, :span], values[:, :, :span]
+            return write
+
+        x, hidden = self._layers(x, [writer(k, v) for k, v in buffers], cos, sin, mask, 1, rows, layer_ids)
+        return self._linear(x, self.head, self.head_packed), hidden
+
+    def ensure_positions(self, end: int) -> None:
+        """Rotary rows for positions [0, end), in the model dtype (before a capture: `forward_at` only gathers)."""
+        self._positions(end, self.embed[:1])
+
+    def _layers(self, x, writers, cos, sin, mask, batch: int, rows: int, layer_ids: tuple[int, ...]):
+        """Every decoder layer and the final norm; `writers[i](k, v)` stores layer i's new K/V and returns the K/V
+        to attend over. Returns (x, hidden [batch, rows, len(layer_ids), H] or None)."""
+        wanted = {j + 1: None for j in layer_ids}
+        if 0 in wanted:
+            wanted[0] = x
+        last_layer = len(self.layers)
+        for index, (layer, write) in enumerate(zip(self.layers, writers)):
+            x = self._layer(x, layer, write, cos, sin, mask, batch, rows)
+            if index + 1 in wanted and index + 1 != last_layer:
+                wanted[index + 1] = x
+        x = F.rms_norm(x, (self.hidden,), self.final_norm, self.eps)
+        if last_layer in wanted:
+            wanted[last_layer] = x
+        hidden = torch.stack([wanted[j + 1] for j in layer_ids], dim=2) if layer_ids else None
+        return x, hidden
+
+    def _layer(self, x, layer: _Layer, write, cos, sin, mask, batch: int, rows: int):
         heads, kv_heads, dim, groups = self.heads, self.kv_heads, self.head_dim, self.groups
         packed = layer.packed or {}
         h = F.rms_norm(x, (self.hidden,), layer.norm1, self.eps)
@@ -232,7 +269,7 @@ class FusedDecoder:
             k = F.rms_norm(qkv[..., q_width:q_width + kv_width].view(batch, rows, kv_heads, dim), (dim,),
                            layer.k_norm, self.eps)
             q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-        keys, values = cache_layer.update(k.transpose(1, 2), v.transpose(1, 2))
+        keys, values = write(k.transpose(1, 2), v.transpose(1, 2))
         # query head kv·groups + g → row g·rows + i of KV head kv: each K/V head is read once
         folded = q.reshape(batch, rows, kv_heads, groups, dim).permute(0, 2, 3, 1, 4).reshape(
             batch, kv_heads, groups * rows, dim)

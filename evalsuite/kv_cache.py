@@ -76,6 +76,16 @@ class GrowableLayer(DynamicLayer):
         self.length += key_states.shape[-2]
         return self.keys, self.values
 
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole preallocated K and V, [batch, kv_heads, capacity, head_dim] (written by position, not by
+        `update`, on the captured path: evalsuite.captured)."""
+        return self._k.data, self._v.data
+
+    def advance(self, tokens: int) -> None:
+        """`tokens` more positions hold K/V written straight into `buffers()`."""
+        self.length += tokens
+        self.keys, self.values = self._k.view(self.length), self._v.view(self.length)
+
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.length + query_length, 0
 

@@ -113,9 +113,10 @@ def shape_config(name: str):
 
 def random_target(config, name: str, device: str = "cpu", dtype: torch.dtype = torch.float32,
                   weight_layout: str = "auto", tokenizer=None, model_dir: str | None = None,
-                  compile: bool = False, kv_cache: str = "static") -> TargetModel:
+                  compile: bool = False, kv_cache: str = "static", cuda_graphs: str = "off") -> TargetModel:
     """A `TargetModel` of this config with random weights (seed 0) and the weight layout the engine would use;
-    the byte tokenizer of `evalsuite.testing` when no tokenizer is given (real text in any vocabulary > 260)."""
+    the byte tokenizer of `evalsuite.testing` when no tokenizer is given (real text in any vocabulary > 260).
+    `cuda_graphs` off by default: the cost surfaces time batched forwards, which are not captured."""
     from transformers import AutoModelForCausalLM
 
     from evalsuite.testing import byte_tokenizer
@@ -132,7 +133,7 @@ def random_target(config, name: str, device: str = "cpu", dtype: torch.dtype = t
     if layout.startswith("column-major"):
         use_column_major_linears(model, onednn_blocks=layout == "column-major+onednn")
     return TargetModel(model, tokenizer or byte_tokenizer(), name, model_dir or f"random:{name}", dev, dtype,
-                       weight_layout=layout, kv_cache=kv_cache, compile=compile)
+                       weight_layout=layout, kv_cache=kv_cache, compile=compile, cuda_graphs=cuda_graphs)
 
 
 def weight_bytes_of(config, dtype: torch.dtype, layout: str = "row-major") -> int:
@@ -490,7 +491,7 @@ class Sweep:
         target, device = self.target, self.target.device
         release(device)
         peak_reset(device)
-        cache = target.new_cache()
+        cache = target.new_cache(captured=False)
         try:
             cache.fill_synthetic(target.config, batch, context, target.dtype, device, room=max(blocks))
             ids = torch.randint(4, min(target.vocab_size, 260), (batch, max(blocks)), device=device)

@@ -20,7 +20,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Genera
 
 from evalsuite import embedded
 from evalsuite.chat import ChatTokenizer
-from evalsuite.config import CACHE_KINDS, WEIGHT_LAYOUTS
+from evalsuite.captured import MAX_CAPTURED_CONTEXT, CapturedSteps, PooledCache
+from evalsuite.config import CACHE_KINDS, CUDA_GRAPHS, WEIGHT_LAYOUTS
 from evalsuite.decoder import FusedDecoder, supported
 from evalsuite.errors import UserError
 from evalsuite.hashing import file_sha256
@@ -109,7 +110,8 @@ class TargetModel:
     runs equal-length rows for the cost surfaces."""
 
     def __init__(self, model, tokenizer, name: str, model_dir: str, device: torch.device, dtype: torch.dtype,
-                 weight_layout: str = "row-major", kv_cache: str = "static", compile: bool = False):
+                 weight_layout: str = "row-major", kv_cache: str = "static", compile: bool = False,
+                 cuda_graphs: str = "auto"):
         self.model = model.eval()
         self.device = device
         self.dtype = dtype
@@ -135,12 +137,22 @@ class TargetModel:
         # are specialised), the context length symbolic in both; compiled on first use, i.e. in the untimed warm-up
         self._compiled_decoder = torch.compile(model.model, dynamic=True) if compile else None
         self.weight_layout = weight_layout  # as `load` resolved it; "row-major" is the weights as loaded
+        if cuda_graphs not in CUDA_GRAPHS:
+            raise UserError(f"--cuda-graphs {cuda_graphs}: choose from {', '.join(CUDA_GRAPHS)}")
+        if cuda_graphs == "on" and (device.type != "cuda" or self.fused is None):
+            raise UserError("--cuda-graphs on: needs --device cuda and the fused decoder (--weight-layout auto or "
+                            "fused)")
+        # decode and verify forwards replayed from CUDA graphs (evalsuite.captured), set up by `prepare_blocks`
+        self.cuda_graphs = "on" if cuda_graphs == "on" or (
+            cuda_graphs == "auto" and device.type == "cuda" and self.fused is not None) else "off"
+        self.captured: CapturedSteps | None = None
         self.kv_cache = kv_cache  # "static": evalsuite.kv_cache (preallocated, GQA-folded attention); "dynamic": HF's
 
     # ---- loading -----------------------------------------------------------------------------------------
     @classmethod
     def load(cls, spec: str = DEFAULT_TARGET, device: str = "cpu", dtype: str | None = None,
-             weight_layout: str = "auto", kv_cache: str = "static", compile: bool = False) -> "TargetModel":
+             weight_layout: str = "auto", kv_cache: str = "static", compile: bool = False,
+             cuda_graphs: str = "auto") -> "TargetModel":
         """`weight_layout`: how the Linear weights are stored and multiplied ("auto": column-major plus oneDNN
         block kernels on CPU, as loaded elsewhere; see `use_column_major_linears`). `kv_cache`: "static" (the
         preallocated cache and GQA-folded attention of evalsuite.kv_cache) or "dynamic" (transformers'
@@ -179,7 +191,7 @@ class TargetModel:
         layout = resolve_weight_layout(weight_layout, dev, compile, model, kv_cache)
         if layout.startswith("column-major"):
             use_column_major_linears(model, onednn_blocks=layout == "column-major+onednn")
-        return cls(model, tokenizer, name, path, dev, torch_dtype, layout, kv_cache, compile)
+        return cls(model, tokenizer, name, path, dev, torch_dtype, layout, kv_cache, compile, cuda_graphs)
 
     # ---- what the chat tokenizer knows -----------------------------------------------------------------------
     tokenizer = _from_chat("tokenizer")
@@ -199,12 +211,25 @@ class TargetModel:
     # ---- forward passes ----------------------------------------------------------------------------------
     def prepare_blocks(self, rows: int) -> bool:
         """Get verify blocks of up to `rows` tokens ready before any timed forward (the fused decoder packs its
-        weights for that many rows once; blocks of 3 … rows tokens pad to it). Returns whether packing is used."""
+        weights for that many rows once; blocks of 3 … rows tokens pad to it; with CUDA graphs, the one KV cache
+        is allocated for the window and blocks of 1 … rows tokens are captured by `prepare_layers`). Returns
+        whether packing is used."""
+        if self.cuda_graphs == "on" and (self.captured is None or self.captured.max_rows != rows):
+            self.captured = CapturedSteps(self.fused, self.config, min(self.max_context, MAX_CAPTURED_CONTEXT) + rows,
+                                          rows, graphs=True)
         return self.fused.prepare_blocks(rows) if self.fused is not None else False
 
-    def new_cache(self) -> KVCache | DynamicKVCache:
+    def prepare_layers(self, layer_sets) -> int:
+        """Capture, before anything is timed, the block forwards that return each set of feature layers (one set
+        per method); returns the number of captured forwards (0 without CUDA graphs)."""
+        return self.captured.capture(layer_sets) if self.captured is not None else 0
+
+    def new_cache(self, captured: bool = True) -> KVCache | DynamicKVCache | PooledCache:
         """An empty KV cache of the kind chosen (`--kv-cache`); caches reserve (`reserve`) and roll back
-        (`crop_to`) themselves."""
+        (`crop_to`) themselves. With CUDA graphs: a lease of the one captured cache (the previous lease goes
+        stale), unless `captured=False` (batched cost surfaces)."""
+        if captured and self.captured is not None:
+            return self.captured.new_cache()
         return KVCache(self.config) if self.kv_cache == "static" else DynamicKVCache(config=self.config)
 
     @torch.inference_mode()
@@ -217,6 +242,14 @@ class TargetModel:
         logits of the last position only (prefill).
         """
         ids = input_ids.view(1, -1)
+        if isinstance(cache, PooledCache):
+            steps = self.captured
+            if cache.get_seq_length() + ids.shape[1] > steps.capacity:
+                raise UserError(f"a context of {cache.get_seq_length() + ids.shape[1]} tokens does not fit the "
+                                f"captured KV cache ({steps.capacity} positions); run with --cuda-graphs off")
+            if not last_only and steps.takes(ids.shape[1], cache):
+                logits, hidden = steps.forward(ids, cache, tuple(layer_ids))
+                return ForwardOutput(logits=logits[0].float(), hidden=None if hidden is None else hidden[0])
         if self.fused is not None:
             logits, hidden = self.fused.forward(ids, cache, tuple(layer_ids), last_only)
             return ForwardOutput(logits=logits[0].float(), hidden=None if hidden is None else hidden[0])

@@ -87,7 +87,7 @@ class HfEngine(Engine):
         if threads is not None:
             torch.set_num_threads(threads)
         self.target = TargetModel.load(cfg.target, cfg.device, cfg.dtype, cfg.weight_layout, cfg.kv_cache,
-                                       cfg.compile)
+                                       cfg.compile, cfg.cuda_graphs)
         self.packed_blocks = self.target.prepare_blocks(cfg.k + 1)  # untimed: verify blocks of up to k+1 rows
         self.chat = self.target.chat
         self.device_label = str(self.target.device)
@@ -100,6 +100,7 @@ class HfEngine(Engine):
             self.target.check_layer_ids(method.feature_layers, f"method {name}")
             self.methods[name] = method
         self.layer_union = tuple(sorted({j for m in self.methods.values() for j in m.feature_layers}))
+        self.target.prepare_layers({m.feature_layers for m in self.methods.values()})  # untimed: CUDA graphs
 
     def tune_threads(self, candidates: list[int]) -> dict | None:
         """Time a one-token decode and a (k+1)-token verify after 512 cached tokens at each thread count (median
@@ -219,6 +220,8 @@ class HfEngine(Engine):
             "dtype": str(target.dtype).removeprefix("torch."),
             "weight_layout": target.weight_layout,
             "packed_block_rows": target.fused.block_rows if target.fused is not None else 0,
+            "cuda_graphs": target.cuda_graphs,  # resolved: on | off
+            "captured": target.captured.describe() if target.captured is not None else None,
             "target_name": target.name,
             "target_path": target.model_dir,
             "target_sha256": cached_weights_hash(target.model_dir),
