@@ -166,8 +166,10 @@ def run_llama_cpp(args, contexts: dict[int, list[int]], ggufs: dict[str, Path]) 
     if "f32" in ggufs:
         variants.append(("f32 + PLD", ggufs["f32"], 7))
     for label, path, draft in variants:
+        # logits_all with a draft model: llama-cpp-python 0.3.36 then keeps every position's logits but sizes
+        # that buffer by the argument, so without it a prompt-lookup completion fails to store its logits
         model = Llama(model_path=str(path), n_ctx=longest, n_threads=threads, n_threads_batch=threads,
-                      n_batch=512, verbose=False,
+                      n_batch=512, verbose=False, logits_all=bool(draft),
                       draft_model=LlamaPromptLookupDecoding(num_pred_tokens=draft) if draft else None)
         for length, ids in contexts.items():
             def complete(n):
