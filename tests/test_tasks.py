@@ -473,3 +473,22 @@ def test_replay_source_names_who_wrote_the_logged_replies():
     bfcl = load("bfcl-v3")[:3]
     assert replay_source(bfcl, "logged").startswith("logged replies of BFCL's ground-truth calls")
     assert replay_source(load("gsm8k")[:3], "free") == "single-turn samples: no earlier replies in any context"
+
+
+def test_the_long_swebench_subset_is_held_out_of_training_and_of_the_main_sample():
+    """--subset mini-swe-agent-long: 12 runs over 8 repositories, none of them a training trajectory or one of the
+    30 of the default subset (data/swebench_trajectories/README.md, A2)."""
+    import gzip
+    import json
+
+    from evalsuite.tasks.base import DATA_DIR
+
+    long = get_task("swebench").load(LoadOptions(subset="mini-swe-agent-long"))
+    main = get_task("swebench").load(LoadOptions())
+    ids = {t.meta["instance_id"] for t in long}
+    assert len(long) == 12 and len({t.meta["repo"] for t in long}) == 8
+    assert not ids & {t.meta["instance_id"] for t in main}
+    training = DATA_DIR.parent / "baselines/drafters/training-data/mini-swe-agent_gemini-3-pro_train.jsonl.gz"
+    with gzip.open(training, "rt") as handle:
+        assert not ids & {json.loads(line)["id"] for line in handle}
+    assert all(t.meta["resolved"] in (True, False) for t in long)

@@ -4,6 +4,9 @@ one turn. docs/swebench.md describes the settings and what each measures.
 `--subset`:
 - `mini-swe-agent` (default): 30 SWE-bench Verified runs of mini-swe-agent v1.15 with gemini-3-pro
   (34-86 messages; system, task, then action/observation pairs with observations as user messages);
+- `mini-swe-agent-long`: 12 more runs of the same mini-swe-agent set, held out of the training trajectories,
+  whose logged contexts pass 20k tokens of the 32k target's tokenizer (8 repositories; the long-context study,
+  benchmarks/long_context_study.sh);
 - `swe-agent`: SWE-agent `.traj` files (its `history`, including in-context demonstrations and, in the
   function-calling demo, OpenAI tool calls with `tool` observations);
 - `lite` | `verified` | `full`: SWE-bench instance rows, read with the `swebench` package's
@@ -47,12 +50,13 @@ HUB = HubSpec("princeton-nlp/SWE-bench_Lite", split="test")
 TRAJ_DIR = DATA_DIR / "swebench_trajectories"
 BUNDLED = {
     "mini-swe-agent": TRAJ_DIR / "mini-swe-agent_gemini-3-pro_verified" / "trajs",
+    "mini-swe-agent-long": TRAJ_DIR / "mini-swe-agent_gemini-3-pro_long" / "trajs",
     "swe-agent": TRAJ_DIR / "swe-agent_official",
     "lite": BUNDLED_LITE,
 }
 PROMPT_FIXTURE = DATA_DIR / "swebench_prompts" / "style-3-FIXTURE.jsonl"
-SUBSETS = ("mini-swe-agent", "swe-agent", "lite", "verified", "full", "oracle", "bm25-13k")
-TRAJECTORY_SUBSETS = ("mini-swe-agent", "swe-agent")
+SUBSETS = ("mini-swe-agent", "mini-swe-agent-long", "swe-agent", "lite", "verified", "full", "oracle", "bm25-13k")
+TRAJECTORY_SUBSETS = ("mini-swe-agent", "mini-swe-agent-long", "swe-agent")
 # hub trajectory sets and the split that holds their rows
 HUB_SPLITS = {"nebius/SWE-agent-trajectories": "train", "nebius/SWE-rebench-openhands-trajectories": "train",
               "SWE-Gym/OpenHands-Sampled-Trajectories": "train.raw"}
@@ -169,7 +173,8 @@ def _trajectories(options: LoadOptions) -> list[Trajectory]:
     return _load_path(BUNDLED[options.subset or "mini-swe-agent"], fmt)
 
 
-@register_task("swebench", "SWE-bench agent trajectories (30 mini-swe-agent runs; --subset swe-agent; other "
+@register_task("swebench", "SWE-bench agent trajectories (30 mini-swe-agent runs; --subset mini-swe-agent-long: 12 "
+               "runs past 20k tokens; --subset swe-agent; other "
                "formats via --data-path/--format), one turn per assistant message, logged replay; or one-turn "
                "instances (--subset lite|verified|full) and prompt sets (--subset oracle|bm25-13k)",
                licence="MIT (SWE-bench, mini-swe-agent, SWE-agent); trajectories are model output on GitHub issues: "
