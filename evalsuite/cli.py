@@ -309,6 +309,7 @@ def _run_on_ray(config, run_dir: Path) -> None:
     """The Ray path: one bar over all workers (units done and in flight, running τ per method, ETA)."""
     from rich.progress import TimeRemainingColumn
 
+    from evalsuite import metrics
     from evalsuite.scaleout import run_on_ray
 
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -318,7 +319,7 @@ def _run_on_ray(config, run_dir: Path) -> None:
 
     def info_text() -> str:
         flight = min(state["workers"], state["total"] - state["done"])
-        tau = "  ".join(f"{m} {a / n:.2f}" for m, (a, n) in sums.items() if n)
+        tau = "  ".join(f"{m} {metrics.tau_ratio(a, n):.2f}" for m, (a, n) in sums.items() if n)
         return f"in flight {flight} · τ {tau or '-'}"
 
     def on_start(run) -> None:

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from evalsuite import metrics
 from evalsuite.conventions import BASELINE
 from evalsuite.errors import UserError
 from evalsuite.spans import (COPY_SPANS, DEFAULT_THRESHOLD, KINDS, LABELLER_VERSION, SPANS_SCHEMA, SPANS_TABLE,
@@ -247,9 +248,7 @@ def _tau(steps: pd.DataFrame, task: str, method: str, turns: pd.DataFrame) -> fl
     own = steps[(steps.task == task) & (steps.method == method)]
     wanted = set(zip(turns.sample_id, turns.turn))
     own = own[[(s, t) in wanted for s, t in zip(own.sample_id, own.turn)]]
-    if "budget_limited" in own.columns:
-        own = own[~own.budget_limited.astype(bool)]
-    return float((own.num_accepted + 1).sum() / len(own)) if len(own) else float("nan")
+    return metrics.tau(own)
 
 
 # ---- reading -------------------------------------------------------------------------------------------------
