@@ -441,7 +441,7 @@ def compare(
 
     from evalsuite.compare import (compare_turns, divergence_margins, engines_side_by_side, engines_table,
                                            load_pair)
-    from evalsuite.report.tables import to_markdown
+    from evalsuite.report.formatting import to_markdown
 
     tables_a, tables_b, label_a, label_b = load_pair(run_a, run_b)
     both = compare_turns(tables_a.turns, tables_b.turns, label_a, label_b)
