@@ -147,12 +147,12 @@ def measures(done: list[dict], wall: float, method: str, level: int, trajectorie
     tokens = sum(len(r["output_ids"]) for r in done)
     itl, ttft, steps = [], [], []
     for reply in done:
-        timing = reply.get("timing") or {}
+        stamps = reply.get("timing") or {}  # the engine core's timestamps of this request
         n = len(reply["output_ids"])
-        if timing and n > 1:
-            itl.append(1e3 * (timing["last_token_ts"] - timing["first_token_ts"]) / (n - 1))
-        if timing:
-            ttft.append(1e3 * (timing["first_token_ts"] - timing["queued_ts"]))
+        if stamps and n > 1:
+            itl.append(1e3 * (stamps["last_token_ts"] - stamps["first_token_ts"]) / (n - 1))
+        if stamps:
+            ttft.append(1e3 * (stamps["first_token_ts"] - stamps["queued_ts"]))
         steps += reply.get("steps") or []
     percentile = (lambda values, q: float(np.percentile(values, q)) if values else float("nan"))
     return {"engine": "vllm", "method": method, "concurrency": level, "trajectories": trajectories,

@@ -405,8 +405,3 @@ def _hardware(config: dict) -> str:
     if config.get("weight_layout"):
         text += f", weights {config['weight_layout']}"
     return text
-
-
-def caveat_markdown(lines: list[str]) -> str:
-    """The box as a Markdown blockquote."""
-    return "\n".join(["> **Caveats: how far these numbers carry**", ">"] + [f"> - {line}" for line in lines])
