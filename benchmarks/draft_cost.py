@@ -39,9 +39,10 @@ import torch
 from evalsuite.catalog import METHODS, method_spec
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Method, Sampling, get_method
-from evalsuite.profile import SHAPES, Timer, real_text_ids, shape_config
+from evalsuite.profile import SHAPES, real_text_ids, shape_config
 from evalsuite.profile import random_target as profile_random_target
 from evalsuite.target import TargetModel
+from evalsuite.timing import DeviceClock
 
 BASELINES = ("ar", "ngram")
 
@@ -116,7 +117,12 @@ def prefill_features(target: TargetModel, ids: torch.Tensor, layers: tuple[int, 
 def measure(target: TargetModel, drafters: dict[str, Method], contexts: list[int], k: int, steps: int,
             warmup: int, chunk: int, log=print) -> list[Row]:
     """Methods take turns step by step (round robin), so that a burst of machine noise hits them all alike."""
-    timer = Timer(target.device)
+    clock = DeviceClock(target.device)
+
+    def ms(fn):
+        seconds, result = clock.time(fn)
+        return 1e3 * seconds, result
+
     layers = tuple(sorted({j for d in drafters.values() for j in d.feature_layers}))
     total = max(contexts) + warmup + steps + 1
     ids = torch.tensor(real_text_ids(target, total), device=target.device)
@@ -127,13 +133,13 @@ def measure(target: TargetModel, drafters: dict[str, Method], contexts: list[int
         feats = {label: features[:, [layers.index(j) for j in d.feature_layers]] for label, d in drafters.items()}
         times = {label: {"propose": [], "commit": [], "first": 0.0, "drafted": 0} for label in drafters}
         for label, drafter in drafters.items():
-            times[label]["first"], _ = timer.measure(lambda: drafter.start_turn(ids[: n + 1], feats[label][:n]))
+            times[label]["first"], _ = ms(lambda: drafter.start_turn(ids[: n + 1], feats[label][:n]))
         for step in range(warmup + steps):
             anchor = n + step  # the bonus token becomes the new anchor; the old anchor's feature row joins
             for label, drafter in drafters.items():
-                propose_ms, proposal = timer.measure(lambda: drafter.propose(k, Sampling(), None))
-                commit_ms, _ = timer.measure(lambda: drafter.commit(ids[anchor + 1: anchor + 2],
-                                                                    feats[label][anchor: anchor + 1]))
+                propose_ms, proposal = ms(lambda: drafter.propose(k, Sampling(), None))
+                commit_ms, _ = ms(lambda: drafter.commit(ids[anchor + 1: anchor + 2],
+                                                         feats[label][anchor: anchor + 1]))
                 record = times[label]
                 if step == 0:  # lazy drafters absorb the context in their first proposal
                     record["first"] += propose_ms

@@ -313,6 +313,7 @@ def _run_on_ray(config, run_dir: Path) -> None:
     """The Ray path: one bar over all workers (units done and in flight, running τ per method, ETA)."""
     from rich.progress import TimeRemainingColumn
 
+    from evalsuite import metrics
     from evalsuite.scaleout import run_on_ray
 
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -322,7 +323,7 @@ def _run_on_ray(config, run_dir: Path) -> None:
 
     def info_text() -> str:
         flight = min(state["workers"], state["total"] - state["done"])
-        tau = "  ".join(f"{m} {a / n:.2f}" for m, (a, n) in sums.items() if n)
+        tau = "  ".join(f"{m} {metrics.tau_ratio(a, n):.2f}" for m, (a, n) in sums.items() if n)
         return f"in flight {flight} · τ {tau or '-'}"
 
     def on_start(run) -> None:
@@ -444,7 +445,7 @@ def compare(
 
     from evalsuite.compare import (compare_turns, divergence_margins, engines_side_by_side, engines_table,
                                            load_pair)
-    from evalsuite.report.tables import to_markdown
+    from evalsuite.report.formatting import to_markdown
 
     tables_a, tables_b, label_a, label_b = load_pair(run_a, run_b)
     both = compare_turns(tables_a.turns, tables_b.turns, label_a, label_b)

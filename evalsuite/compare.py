@@ -148,7 +148,7 @@ def divergence_margins(both: pd.DataFrame, run_dir: Path, label_ref: str, target
 
 def engines_table(side: pd.DataFrame, label_a: str, label_b: str):
     """The side-by-side frame as a report `Table` (Markdown/LaTeX/HTML/CSV through evalsuite.report.tables)."""
-    from evalsuite.report.tables import Cell, Table
+    from evalsuite.report.formatting import Cell, Table
 
     rows = [[Cell(v, digits=3) if isinstance(v, float) else Cell(v) for v in r] for r in side.itertuples(index=False)]
     notes = [TAU, "speedup is paired within each engine (its own ar) and pooled over the turns both engines decoded: "

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import pandas as pd
 
+from evalsuite import metrics, timing
 from evalsuite.config import RunConfig, portable_paths
 from evalsuite.conventions import BASELINE
 from evalsuite.errors import UserError
@@ -131,7 +131,7 @@ def sweep(runner: Runner, method: str, level: int, warm_only: list[int] | None =
 
     if not worker.reset_prefix_cache():  # the same prompts ran at the previous level: start every level cold
         raise RuntimeError(f"vLLM ({method}) did not empty its prefix cache; levels would not be comparable")
-    started = time.perf_counter()
+    started = timing.wall()
     admit()
     while active:
         reply = worker.poll()
@@ -140,29 +140,27 @@ def sweep(runner: Runner, method: str, level: int, warm_only: list[int] | None =
         replays[index].record_reply(turn, runner.chat.decode([int(i) for i in reply["output_ids"]]))
         if not submit_turn(index, turn + 1):
             admit()
-    wall = time.perf_counter() - started
-    return measures(done, wall, method, level, len(runner.trajectories))
+    return measures(done, timing.wall() - started, method, level, len(runner.trajectories))
 
 
 def measures(done: list[dict], wall: float, method: str, level: int, trajectories: int) -> dict:
     tokens = sum(len(r["output_ids"]) for r in done)
-    itl, ttft, accepted, steps = [], [], 0, 0
+    itl, ttft, steps = [], [], []
     for reply in done:
-        timing = reply.get("timing") or {}
+        stamps = reply.get("timing") or {}  # the engine core's timestamps of this request
         n = len(reply["output_ids"])
-        if timing and n > 1:
-            itl.append(1e3 * (timing["last_token_ts"] - timing["first_token_ts"]) / (n - 1))
-        if timing:
-            ttft.append(1e3 * (timing["first_token_ts"] - timing["queued_ts"]))
-        for step in reply.get("steps") or []:
-            accepted += int(step["num_accepted"])
-            steps += 1
+        if stamps and n > 1:
+            itl.append(1e3 * (stamps["last_token_ts"] - stamps["first_token_ts"]) / (n - 1))
+        if stamps:
+            ttft.append(1e3 * (stamps["first_token_ts"] - stamps["queued_ts"]))
+        steps += reply.get("steps") or []
     percentile = (lambda values, q: float(np.percentile(values, q)) if values else float("nan"))
     return {"engine": "vllm", "method": method, "concurrency": level, "trajectories": trajectories,
             "requests": len(done), "output_tokens": tokens, "wall_s": wall,
             "throughput_tok_s": tokens / wall if wall > 0 else float("nan"),
             "itl_ms_p50": percentile(itl, 50), "itl_ms_p95": percentile(itl, 95), "ttft_ms_p50": percentile(ttft, 50),
-            "tau": (accepted + steps) / steps if steps else float("nan")}
+            "tau": metrics.tau_of([int(s["num_accepted"]) for s in steps],
+                                  [bool(s.get("budget_limited", False)) for s in steps])}
 
 
 def with_speedups(table: pd.DataFrame) -> pd.DataFrame:

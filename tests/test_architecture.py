@@ -42,6 +42,8 @@ def test_the_contracts_hold():
     ("spans.py", "from evalsuite.store import read_table", "Layers point down"),
     ("report/tables.py", "from evalsuite.target import TargetModel", "need no torch"),
     ("train/data.py", "from evalsuite.train import mixture", "Training sources sit below their selection"),
+    ("report/figures.py", "from evalsuite.report.tables import Table", "report's modules are layered"),
+    ("report/formatting.py", "from evalsuite.report import policy", "report's modules are layered"),
 ])
 def test_a_planted_upward_import_breaks_a_contract(tmp_path, module, planted, contract):
     copy = copy_package(tmp_path)

@@ -30,6 +30,23 @@ def test_tau_counts_the_bonus_and_leaves_budget_limited_steps_out():
     assert metrics.tau_of([], []) != metrics.tau_of([], [])  # NaN without a counted step
 
 
+def test_tau_from_sums_and_break_even_tau_are_nan_where_undefined():
+    assert metrics.tau_ratio(6.0, 2) == 3.0 and metrics.tau_ratio(0.0, 0) != metrics.tau_ratio(0.0, 0)
+    assert metrics.tau_ratio([6.0, 0.0], [2, 0])[0] == 3.0
+    assert metrics.step_tokens(2) == 3 and metrics.tau_of([1, 3]) == 3.0  # every step counts without flags
+    assert metrics.tau_break_even(3.0 + 1.5, 2.0) == pytest.approx(2.25)
+    for decode in (0.0, float("nan")):
+        assert metrics.tau_break_even(4.5, decode) != metrics.tau_break_even(4.5, decode)
+    assert metrics.tau_break_even([4.5, 1.0], [2.0, 0.0]).tolist()[0] == pytest.approx(2.25)
+
+
+def test_ar_is_decoded_beside_every_other_method():
+    assert metrics.with_baseline(["dlite", "ngram"]) == ["dlite", "ngram", "ar"]
+    assert metrics.with_baseline(["ar", "dlite"]) == ["ar", "dlite"]
+    assert metrics.with_baseline(["ar"]) == ["ar"] and metrics.with_baseline([]) == []
+    assert metrics.with_baseline(m for m in ("suffix",)) == ["suffix", "ar"]
+
+
 def test_pairing_is_a_pure_function_of_one_turn_s_records():
     records = {"ar": record("ar", 2.0, 10), "dlite": record("dlite", 1.0, 10), "ngram": record("ngram", 0.0, 0),
                "gone": record("gone", 0.0, 0, SKIPPED)}

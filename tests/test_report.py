@@ -17,7 +17,8 @@ from evalsuite.report import stats
 from evalsuite.report.build import parse_formats, write_report
 from evalsuite.report.load import load_results
 from evalsuite.report.published import PUBLISHED_DIR, comparison_table, load_published
-from evalsuite.report.tables import Cell, headline_tables, mark_ranked, to_latex, to_markdown
+from evalsuite.report.formatting import Cell, to_latex, to_markdown
+from evalsuite.report.tables import headline_tables, mark_ranked
 from tests.helpers import ALPHA_GSM8K, turn, write_run
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from evalsuite.errors import UserError
 from tests.helpers import load_steps, load_turns
 from evalsuite.engines.hf import median_repeat
 from evalsuite.runner import Runner
-from evalsuite.timing import DeviceClock
+from evalsuite.timing import DeviceClock, wall
 
 
 def six_turns(tmp_path: Path) -> Path:
@@ -132,6 +132,13 @@ def test_the_cpu_clock_reads_wall_time_between_marks():
     assert isinstance(start, float) and clock.seconds(start, stop) >= 0.0
 
 
+def test_the_clock_times_one_call_and_returns_its_result():
+    seconds, result = DeviceClock(torch.device("cpu")).time(lambda: sum(range(1000)))
+    assert result == 499500 and seconds >= 0.0
+    start = wall()
+    assert wall() - start >= 0.0
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_the_cuda_clock_uses_events():
     clock = DeviceClock(torch.device("cuda"))
@@ -139,3 +146,10 @@ def test_the_cuda_clock_uses_events():
     torch.ones(1024, 1024, device="cuda").matmul(torch.ones(1024, 1024, device="cuda"))
     stop = clock.mark()
     assert isinstance(start, torch.cuda.Event) and clock.seconds(start, stop) > 0.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_cuda_clock_times_one_call_with_events():
+    ones = torch.ones(1024, 1024, device="cuda")
+    seconds, product = DeviceClock(torch.device("cuda")).time(lambda: ones.matmul(ones))
+    assert seconds > 0.0 and float(product[0, 0]) == 1024.0

@@ -1,7 +1,29 @@
 """The decode loop: draft k → verify once → accept the longest agreeing prefix plus a bonus token → roll back.
 
+`decode_turn` is gpt-fast's `generate` loop around `speculative_decode`, with a `Method` in the draft model's
+place and our own cache and clock. After the target's prefill (the caller's, timed apart), the first token comes
+from the prefill's logits and the method gets the context (`start_turn`). Then each verify step:
 
+- draft: `method.propose(room)` gives up to k tokens (and, for sampling, their draft probabilities), where room
+  is k cut to what the token budget and the window leave; with no room the step is a plain one-token `ar` step
+  (`budget_limited`, left out of τ). gpt-fast's `decode_n_tokens(draft_model, …, speculate_k)`;
+- verify: one target forward over [anchor, d1 … dk] from the cached KV (gpt-fast's `model_forward` at
+  input_pos … input_pos + k), returning logits for k + 1 positions and, for learned methods, the hidden states of
+  the layers they read;
+- accept: at temperature 0 the longest prefix of drafts equal to the target's argmax, then the target's own next
+  token as the bonus (`accept_greedy`); otherwise gpt-fast's rule, each draft kept with probability
+  min(1, p_target / p_draft) (p_draft one-hot for a drafter without probabilities), the first rejection resampled
+  from the normalised max(p_target − p_draft, 0), or, when all k survive, a bonus sampled from the last position
+  (`accept_rejection`). Either way the step emits accepted + 1 tokens;
+- roll back: the KV cache is cropped to the anchor plus the accepted drafts (gpt-fast rewinds input_pos
+  instead), and `method.commit` hands the drafter the emitted tokens with their target features, so its own
+  state follows the output (gpt-fast feeds the last draft back into the draft model when all were accepted).
 
+The loop stops at an EOS (an EOS among accepted drafts ends the output there; drafts after it are not counted),
+at `max_new_tokens`, or at the target's window (`context_limit`). Every interval is a `timing.DeviceClock` mark,
+read once the turn is over: per step the drafter's work (propose + commit), the verify forward alone, and the
+whole step; the turn's decode time includes the drafter's start-of-turn work. `Step` rows record the context
+length, drafted and accepted counts, emitted tokens and the drafter's memory after each step.
 """
 
 from __future__ import annotations

@@ -81,9 +81,8 @@ def break_even_by_bin(steps: pd.DataFrame, turns: pd.DataFrame, max_bins: int = 
             if mine.empty:
                 continue
             draft, verify, step = (1e3 * mine.draft_s.mean(), 1e3 * mine.verify_s.mean(), 1e3 * mine.step_s.mean())
-            tau = float((mine.num_accepted + 1).mean())
-            with np.errstate(divide="ignore", invalid="ignore"):
-                star, star_step = (draft + verify) / ar_decode, step / ar_step
+            tau = metrics.tau(mine)
+            star, star_step = metrics.tau_break_even(draft + verify, ar_decode), metrics.tau_break_even(step, ar_step)
             rows.append({"task": task, "method": method, "context_lo": int(mine.context_lo.iloc[0]),
                          "context_hi": int(mine.context_hi.iloc[0]),
                          "n_trajectories": int(stats.trajectory_keys(mine).nunique()),
@@ -140,7 +139,7 @@ def break_even_overall(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0,
             if mine.empty or ar_units is None:
                 continue
             unit = stats.trajectory_keys(mine)
-            per = pd.DataFrame({"tokens": (mine.num_accepted + 1).to_numpy(float), "steps": 1.0,
+            per = pd.DataFrame({"tokens": metrics.step_tokens(mine.num_accepted).to_numpy(float), "steps": 1.0,
                                 "cost": (mine.draft_s + mine.verify_s).to_numpy(float),
                                 "step": mine.step_s.to_numpy(float)}, index=mine.index).groupby(unit).sum()
             units = per.index.intersection(ar_units.index)
@@ -150,13 +149,13 @@ def break_even_overall(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0,
             sums = np.column_stack([per.loc[units, ["tokens", "steps", "cost"]].to_numpy(),
                                     ar_units.loc[units, ["sum", "count"]].to_numpy(float)])
             total = sums.sum(axis=0)
-            tau, star = total[0] / total[1], _break_even(total)
+            tau, star = metrics.tau_ratio(total[0], total[1]), _break_even(total)
             low = high = np.nan
             if len(units) >= min_trajectories:
                 low, high = stats.bootstrap_ci(sums, _margin, stats.cell_seed(seed, "break-even", method, task),
                                                n_resamples)
             ar_step = 1e3 * ar.step_s.mean()
-            step_star = 1e3 * per.loc[units, "step"].sum() / total[1] / ar_step
+            step_star = metrics.tau_break_even(1e3 * per.loc[units, "step"].sum() / total[1], ar_step)
             rows.append({"task": task, "method": method, "n_trajectories": len(units), "n_steps": int(total[1]),
                          "tau": tau, "tau_break_even": star, "tau_margin": tau - star,
                          "tau_margin_lo": float(low), "tau_margin_hi": float(high),
@@ -170,14 +169,13 @@ def break_even_overall(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0,
 
 
 def _break_even(sums: np.ndarray) -> np.ndarray:
-    """sums[..., :] = (Σ(accepted+1), steps, Σ(draft+verify) s, Σ ar decode s, ar steps)."""
+    """τ* of sums[..., :] = (Σ step tokens, steps, Σ(draft+verify) s, Σ ar decode s, ar steps)."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        return (sums[..., 2] / sums[..., 1]) / (sums[..., 3] / sums[..., 4])
+        return metrics.tau_break_even(sums[..., 2] / sums[..., 1], sums[..., 3] / sums[..., 4])
 
 
 def _margin(sums: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return sums[..., 0] / sums[..., 1] - _break_even(sums)
+    return metrics.tau_ratio(sums[..., 0], sums[..., 1]) - _break_even(sums)
 
 
 def break_even_phrase(row) -> str:

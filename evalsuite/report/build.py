@@ -22,12 +22,13 @@ from evalsuite.report import published as published_numbers
 from evalsuite.report.figures import write_figures
 from evalsuite.report.load import Results, display_path, load_results
 from evalsuite.report.closed_loop import closed_loop_section
+from evalsuite.report.formatting import Box, Cell, Table, to_latex, to_markdown
 from evalsuite.report.spans import span_section
-from evalsuite.report.tables import (Box, Cell, Table, baseline_table, break_even_table, context_effect_table,
+from evalsuite.report.tables import (baseline_table, break_even_table, context_effect_table,
                                      context_table, cost_context_table, cost_table, degenerate_turns_table,
                                      draft_length_table, headline_tables, position_table, position_tercile_table,
-                                     repository_table, results_table, summary_table, tau_macro_table, telemetry_table, to_latex,
-                                     to_markdown, without_degenerate_table, design_table, slope_difference_table,
+                                     repository_table, results_table, summary_table, tau_macro_table, telemetry_table,
+                                     without_degenerate_table, design_table, slope_difference_table,
                                      end_to_end_table, policy_table, choice_table, identity_table, histogram_table,
                                      matrix_table, hardware_table)
 

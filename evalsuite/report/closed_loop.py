@@ -180,7 +180,7 @@ def _pct(value) -> str:
 
 def closed_loop_section(results) -> list:
     """The section's items (paragraphs and tables); [] when no input run is a closed loop."""
-    from evalsuite.report.tables import Cell, Table
+    from evalsuite.report.formatting import Cell, Table
 
     runs = closed_runs(results)
     if not runs:

@@ -145,11 +145,7 @@ def _turn_sums(turns: pd.DataFrame, shared: pd.DataFrame, units: list[str]) -> n
 
 
 def _tau_sums(steps: pd.DataFrame, shared: pd.DataFrame, units: list[str]) -> np.ndarray:
-    cell = _restrict(steps[metrics.counted(steps)], shared)
-    if cell.empty:
-        return np.zeros((len(units), 2))
-    grouped = (cell.num_accepted + 1).astype(float).groupby(_units(cell)).agg(["sum", "count"])
-    return grouped.reindex(units, fill_value=0.0).to_numpy(float)
+    return stats.tau_sums(_restrict(steps, shared), units)
 
 
 def _speedup_log_ratio(sums: np.ndarray) -> np.ndarray:
@@ -159,7 +155,8 @@ def _speedup_log_ratio(sums: np.ndarray) -> np.ndarray:
 
 def _tau_log_ratio(sums: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.log(sums[..., 0] / sums[..., 1]) - np.log(sums[..., 2] / sums[..., 3])
+        return np.log(metrics.tau_ratio(sums[..., 0], sums[..., 1])) - \
+            np.log(metrics.tau_ratio(sums[..., 2], sums[..., 3]))
 
 
 RANK_COLUMNS = ["task", "measure", "method", "rank", "value", "ratio_to_best", "ratio_lo", "ratio_hi",

@@ -1,11 +1,10 @@
 """Figures (PNG + SVG) drawn with matplotlib's Agg canvas, without pyplot's global state.
 
 Every figure is FIG_WIDTH inches wide and saved at one dpi, so fonts are the same size on the page. Each method
-keeps one colour, marker and line style in every figure (`Palette`)."""
+keeps one colour, marker and line style in every figure (`Palette`). The look itself is `evalsuite.report.style`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -18,59 +17,9 @@ from matplotlib.figure import Figure
 from evalsuite import conventions, metrics
 from evalsuite.report import effects, positions, stats
 from evalsuite.report.load import Results
-from evalsuite.report.tables import human_bytes
+from evalsuite.report.formatting import human_bytes
+from evalsuite.report.style import DPI, FIG_WIDTH, STYLE, FigureFile, Palette, grid, legend
 from evalsuite.conventions import BASELINE
-
-STYLE = {"font.size": 9, "axes.axisbelow": True, "axes.spines.top": False, "axes.spines.right": False,
-         "axes.grid": True, "axes.titlesize": 9.5, "legend.fontsize": 9,
-         "grid.color": "#e5e5e5", "svg.hashsalt": "evalsuite-report", "svg.fonttype": "none"}
-FIG_WIDTH = 10.0  # inches, every figure
-DPI = 144
-ROW_HEIGHT = 2.9  # inches per row of panels
-
-# Fixed per method name, so a method looks the same in every figure and every report; unknown names get the
-# remaining tab10 colours in order. Dashes and markers keep overlapping lines apart.
-TAB10 = matplotlib.colormaps["tab10"].colors
-KNOWN = {"dlite": (0, "o", "-"), "eagle3": (1, "^", "-"), "dflash": (2, "D", "--"), "dspark": (3, "v", ":"),
-         "ngram": (7, "s", "-"), "suffix": (5, "P", "-."), BASELINE: (None, "x", "-")}
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
-DASHES = ("-", "--", "-.", ":")
-
-
-@dataclass
-class FigureFile:
-    name: str
-    title: str
-    caption: str
-    png: Path
-    svg: Path
-
-
-class Palette:
-    """One colour, marker and line style per method, the same in every figure."""
-
-    def __init__(self, methods: list[str]):
-        taken = {KNOWN[m][0] for m in methods if m in KNOWN and KNOWN[m][0] is not None}
-        free = [i for i in range(len(TAB10)) if i not in taken]
-        self.styles = {}
-        unknown = 0
-        for m in methods:
-            if m == BASELINE:
-                self.styles[m] = ("#222222", "x", "-")
-            elif m in KNOWN:
-                index, marker, dash = KNOWN[m]
-                self.styles[m] = (TAB10[index], marker, dash)
-            else:
-                self.styles[m] = (TAB10[free[unknown % len(free)]], MARKERS[unknown % len(MARKERS)],
-                                  DASHES[unknown % len(DASHES)])
-                unknown += 1
-
-    def __call__(self, method: str):
-        return self.styles[method][0]
-
-    def line(self, method: str) -> dict:
-        colour, marker, dash = self.styles[method]
-        return {"color": colour, "marker": marker, "linestyle": dash}
 
 
 def method_groups(results: Results, methods: list[str]) -> list[tuple[str, list[str]]]:
@@ -173,25 +122,6 @@ def write_figures(results: Results, summary: pd.DataFrame, curves: pd.DataFrame,
     return written, skipped
 
 
-# ---- shared pieces -----------------------------------------------------------------------------------------------
-def _grid(rows: int, columns: int, height: float = ROW_HEIGHT, sharey: str | bool = False):
-    figure = Figure(figsize=(FIG_WIDTH, height * rows + 0.5), layout="constrained")
-    axes = figure.subplots(rows, columns, squeeze=False, sharey=sharey)
-    return figure, axes
-
-
-def _legend(figure: Figure, axes) -> None:
-    handles, labels = {}, []
-    for ax in np.ravel(axes):
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            if label not in handles and not label.startswith("_"):
-                handles[label] = handle
-                labels.append(label)
-    if handles:
-        figure.legend([handles[label] for label in labels], labels, loc="outside lower center",
-                      ncols=min(len(labels), 7), frameon=False)
-
-
 def _context_axis(ax, values) -> None:
     """Log scale when the contexts span more than 3×, with plain-number ticks."""
     values = np.asarray([v for v in values if v > 0], float)
@@ -221,7 +151,7 @@ def _context_figure(curves, turns, groups, tasks, palette, measure: str, ylabel:
     tasks = [t for t in tasks if t in set(curves.task)]
     if curves.empty or not tasks:
         return None
-    figure, axes = _grid(len(groups), len(tasks))
+    figure, axes = grid(len(groups), len(tasks))
     per_turn_column = "speedup_turn" if measure == "speedup" else "tau"
     low_col, high_col = f"{measure}_lo", f"{measure}_hi"
     for r, (label, methods) in enumerate(groups):
@@ -284,7 +214,7 @@ def _context_figure(curves, turns, groups, tasks, palette, measure: str, ylabel:
                 ax.set_ylabel(f"{label}\n{ylabel}" if label else ylabel)
             if r == len(groups) - 1:
                 ax.set_xlabel("context (tokens)")
-    _legend(figure, axes)
+    legend(figure, axes)
     return figure
 
 
@@ -300,7 +230,7 @@ def _cost_figure(costs, methods, tasks, palette) -> Figure | None:
     tasks = [t for t in tasks if t in set(costs.task)]
     if costs.empty or not tasks:
         return None
-    figure, axes = _grid(3, len(tasks), height=2.4)
+    figure, axes = grid(3, len(tasks), height=2.4)
     for c, task in enumerate(tasks):
         cells = costs[costs.task == task]
         ar = cells[cells.method == BASELINE].sort_values("context_median")
@@ -329,7 +259,7 @@ def _cost_figure(costs, methods, tasks, palette) -> Figure | None:
     axes[0, 0].set_ylabel("target ms / forward")
     axes[1, 0].set_ylabel("draft ms / step")
     axes[2, 0].set_ylabel("draft state")
-    _legend(figure, axes)
+    legend(figure, axes)
     return figure
 
 
@@ -338,7 +268,7 @@ def _tau_vs_turn(steps, turns, groups, tasks, palette, seed, n_resamples) -> Fig
     tasks = [t for t in tasks if not steps[steps.task == t].empty]
     if not tasks:
         return None
-    figure, axes = _grid(len(groups), len(tasks))
+    figure, axes = grid(len(groups), len(tasks))
     for r, (label, methods) in enumerate(groups):
         for c, task in enumerate(tasks):
             ax = axes[r, c]
@@ -367,7 +297,7 @@ def _tau_vs_turn(steps, turns, groups, tasks, palette, seed, n_resamples) -> Fig
                 ax.set_ylabel(f"{label}\nτ" if label else "τ")
             if r == len(groups) - 1:
                 ax.set_xlabel("turn")
-    _legend(figure, axes)
+    legend(figure, axes)
     return figure
 
 
@@ -380,7 +310,7 @@ def _per_position(steps, turns, methods, tasks, palette, limits) -> Figure | Non
     if table.empty or not tasks:
         return None
     k = int(table.position.max())
-    figure, axes = _grid(len(tasks), 2, height=2.5)
+    figure, axes = grid(len(tasks), 2, height=2.5)
     width = 0.8 / len(methods)
     for r, task in enumerate(tasks):
         for i, method in enumerate(methods):
@@ -403,7 +333,7 @@ def _per_position(steps, turns, methods, tasks, palette, limits) -> Figure | Non
             if r == len(tasks) - 1:
                 ax.set_xlabel("draft position j")
         axes[r, 0].set_ylabel("rate")
-    _legend(figure, axes)
+    legend(figure, axes)
     return figure
 
 
@@ -457,7 +387,7 @@ def context_effect_figure(steps: pd.DataFrame, turns: pd.DataFrame, effect: pd.D
         low, high = min(values.min(initial=1.0), 1.0), max(values.max(initial=1.0), 1.0)
         axes[r, 0].set_ylim(low / 1.15, high * 1.15)
         axes[r, 0].yaxis.set_major_locator(matplotlib.ticker.FixedLocator(_nice_ticks(low / 1.15, high * 1.15)))
-    _legend(figure, axes)
+    legend(figure, axes)
     return figure
 
 
@@ -512,7 +442,7 @@ def _speedup_per_task(summary, methods, tasks, palette) -> Figure | None:
         return None
     tasks = [t for t in tasks if t in set(cells.task)]
     methods = [m for m in methods if m in set(cells.method)]
-    figure, axes = _grid(1, 1, height=3.0)
+    figure, axes = grid(1, 1, height=3.0)
     ax = axes[0, 0]
     width = 0.8 / len(methods)
     for i, method in enumerate(methods):
@@ -529,5 +459,5 @@ def _speedup_per_task(summary, methods, tasks, palette) -> Figure | None:
     ax.set_xticks(range(len(tasks)), [f"{t}\n(n={int(n[t])})" for t in tasks])
     ax.set_ylabel("speedup over AR (×)")
     ax.set_ylim(bottom=0)
-    _legend(figure, axes)
+    legend(figure, axes)
     return figure

@@ -182,7 +182,7 @@ def projections(steps: pd.DataFrame, turns: pd.DataFrame, surfaces: list[Surface
                          "context_median": context, "decode_ms": decode, "verify_ms": verify, "draft_ms": draft,
                          "verify_ratio": verify / decode if decode else np.nan,
                          "draft_ratio": draft / decode if decode else np.nan,
-                         "tau_break_even": (verify + draft) / decode if decode else np.nan,
+                         "tau_break_even": metrics.tau_break_even(verify + draft, decode),
                          "tau": metrics.tau(counted), "speedup_projected": projected,
                          "speedup_measured": metrics.speedup(turns[(turns.task == task) & (turns.method == method)]),
                          "validation_error": float(mine.abs_error.median()) if mine is not None and len(mine)

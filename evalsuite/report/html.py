@@ -7,8 +7,8 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from evalsuite.report.figures import FigureFile
-from evalsuite.report.tables import Box, Table, inline_code, to_html
+from evalsuite.report.formatting import Box, Table, inline_code, to_html
+from evalsuite.report.style import FigureFile
 
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", "DejaVu Sans", sans-serif; margin: 2rem auto;

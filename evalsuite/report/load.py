@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from evalsuite import degenerate, store
+from evalsuite import degenerate, metrics, store
 from evalsuite.config import DRIFT_FIELDS, PER_METHOD_DRIFT_FIELDS, drift_value
 from evalsuite.conventions import BASELINE
 from evalsuite.errors import UserError
@@ -108,7 +108,7 @@ def filtered(results: Results, tasks: list[str] | None, methods: list[str] | Non
         if unknown:
             raise UserError(f"--method {','.join(unknown)}: not in these runs; they hold "
                             f"{', '.join(results.methods)}")
-        keep = set(methods) | {BASELINE}
+        keep = metrics.with_baseline(methods)
         results.steps = results.steps[results.steps.method.isin(keep)].reset_index(drop=True)
         results.turns = results.turns[results.turns.method.isin(keep)].reset_index(drop=True)
         if results.turns.empty:

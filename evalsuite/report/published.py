@@ -12,7 +12,7 @@ from evalsuite import conventions
 from evalsuite.bundled import bundled_path
 from evalsuite.errors import UserError
 from evalsuite.report.load import Results
-from evalsuite.report.tables import Cell, Table
+from evalsuite.report.formatting import Cell, Table
 
 PUBLISHED_DIR = bundled_path("baselines/published")
 REQUIRED = ("paper", "table", "target", "method", "task", "subset", "temperature", "metric", "value", "source")

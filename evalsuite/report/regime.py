@@ -158,13 +158,6 @@ def interp_context(x: np.ndarray, y: np.ndarray, at: np.ndarray) -> np.ndarray:
 
 
 # ---- the model -------------------------------------------------------------------------------------------------
-def tau_break_even(draft_ms: float, verify_ms: float, decode_ms: float) -> float:
-    """The τ at which a step (draft + verify) costs as much as τ one-token decodes."""
-    if not decode_ms or decode_ms != decode_ms:
-        return float("nan")
-    return (draft_ms + verify_ms) / decode_ms
-
-
 def projected_speedup(steps: pd.DataFrame, draft_ms, verify_ms, decode_ms) -> float:
     """E[tokens per step] × decode / (E[draft] + E[verify of the block]) over `steps` (num_accepted, num_drafted,
     budget_limited). `draft_ms(context)`, `verify_ms(block, context)` and `decode_ms(context)` give the costs,
@@ -172,7 +165,7 @@ def projected_speedup(steps: pd.DataFrame, draft_ms, verify_ms, decode_ms) -> fl
     if steps.empty:
         return float("nan")
     context = steps.context_len.to_numpy(float)
-    tokens = steps.num_accepted.to_numpy(float) + 1
+    tokens = metrics.step_tokens(steps.num_accepted.to_numpy(float))
     blocks = steps.num_drafted.to_numpy(int) + 1
     drafting = ~steps.budget_limited.fillna(False).to_numpy(bool) if "budget_limited" in steps else \
         np.ones(len(steps), bool)
@@ -258,7 +251,8 @@ def regime_table(cost: CostSurface, runs: RunSteps | None = None, k: int | None 
                 decode = cost.target_ms(batch, context, 1)
                 draft = cost.draft_ms(method, batch, context)
                 verify = cost.target_ms(batch, context, 1 if method == BASELINE else block)
-                tau_star = 1.0 if method == BASELINE and decode == decode else tau_break_even(draft, verify, decode)
+                tau_star = 1.0 if method == BASELINE and decode == decode else \
+                    metrics.tau_break_even(draft + verify, decode)
                 tau = speedup = float("nan")
                 steps_n = 0
                 if in_bin is not None and len(in_bin):

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from evalsuite import metrics
 from evalsuite.conventions import BASELINE
 from evalsuite.errors import UserError
 from evalsuite.spans import (COPY_SPANS, DEFAULT_THRESHOLD, KINDS, LABELLER_VERSION, SPANS_SCHEMA, SPANS_TABLE,
@@ -247,9 +248,7 @@ def _tau(steps: pd.DataFrame, task: str, method: str, turns: pd.DataFrame) -> fl
     own = steps[(steps.task == task) & (steps.method == method)]
     wanted = set(zip(turns.sample_id, turns.turn))
     own = own[[(s, t) in wanted for s, t in zip(own.sample_id, own.turn)]]
-    if "budget_limited" in own.columns:
-        own = own[~own.budget_limited.astype(bool)]
-    return float((own.num_accepted + 1).sum() / len(own)) if len(own) else float("nan")
+    return metrics.tau(own)
 
 
 # ---- reading -------------------------------------------------------------------------------------------------
@@ -329,7 +328,7 @@ def _rate(value) -> str:
 def acceptance_table(acceptance: pd.DataFrame, threshold: int):
     """The acceptance-by-span frame as a report `Table` (tables/acceptance_by_span.*); spans with neither tokens
     nor drafts are left out of the printed rows (the CSV keeps every row)."""
-    from evalsuite.report.tables import Cell, Table
+    from evalsuite.report.formatting import Cell, Table
 
     shown = acceptance[(acceptance.n_tokens > 0) | (acceptance.drafted > 0)]
     rows = [[Cell(r.task), Cell(r.method), Cell(shown_kind(r.span, r.task)), Cell(int(r.n_tokens)), Cell(float(r.share_of_output), digits=3),
@@ -348,7 +347,7 @@ def acceptance_table(acceptance: pd.DataFrame, threshold: int):
 
 def copy_table(copy: pd.DataFrame, threshold: int):
     """The copy ratio per task (and per context bin within it), beside each method's τ (tables/copy_ratio.*)."""
-    from evalsuite.report.tables import Cell, Table
+    from evalsuite.report.formatting import Cell, Table
 
     taus = [c for c in copy.columns if c.startswith("tau ")]
     rows = []
@@ -371,7 +370,7 @@ def copy_table(copy: pd.DataFrame, threshold: int):
 def span_figure(acceptance: pd.DataFrame, tasks: list[str], methods: list[str]):
     """Accepted per drafted token by span (kinds, then copied / novel), methods side by side, one panel per task.
     Returns a matplotlib Figure (Agg, no pyplot) or None when nothing was drafted."""
-    from evalsuite.report.figures import Palette, _grid, _legend
+    from evalsuite.report.style import Palette, grid, legend
 
     cells = acceptance[acceptance.drafted > 0]
     tasks = [t for t in tasks if t in set(cells.task)]
@@ -379,7 +378,7 @@ def span_figure(acceptance: pd.DataFrame, tasks: list[str], methods: list[str]):
     if not tasks or not methods:
         return None
     palette = Palette(methods)
-    figure, axes = _grid(1, len(tasks), height=3.4, sharey=True)
+    figure, axes = grid(1, len(tasks), height=3.4, sharey=True)
     width = 0.8 / len(methods)
     for c, task in enumerate(tasks):
         ax = axes[0, c]
@@ -406,7 +405,7 @@ def span_figure(acceptance: pd.DataFrame, tasks: list[str], methods: list[str]):
         ax.set_ylim(0, 1.06)
         ax.set_title(task)
     axes[0, 0].set_ylabel("accepted per drafted token")
-    _legend(figure, axes)
+    legend(figure, axes)
     return figure
 
 
@@ -416,7 +415,7 @@ def span_section(results, directory, threshold: int | None = None, spans: pd.Dat
     import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from evalsuite.report.figures import DPI, STYLE, FigureFile
+    from evalsuite.report.style import DPI, STYLE, FigureFile
 
     spans = load_run_spans(results) if spans is None else spans
     if spans.empty:

@@ -41,8 +41,8 @@ _speedup_from_sums = speedup_from_sums
 
 
 def _ratio(sums: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return sums[..., 0] / sums[..., 1]
+    """τ of summed (Σ step tokens, steps) pairs on the last axis."""
+    return metrics.tau_ratio(sums[..., 0], sums[..., 1])
 
 
 # ---- costs -----------------------------------------------------------------------------------------------------
@@ -123,7 +123,7 @@ def tau_sums(steps: pd.DataFrame, units: list[str]) -> np.ndarray:
     steps = steps[metrics.counted(steps)]
     if steps.empty:
         return np.zeros((len(units), 2))
-    grouped = (steps.num_accepted + 1).groupby(trajectory_keys(steps)).agg(["sum", "count"])
+    grouped = metrics.step_tokens(steps.num_accepted).groupby(trajectory_keys(steps)).agg(["sum", "count"])
     return grouped.reindex(units, fill_value=0).to_numpy(dtype=float)
 
 
@@ -192,7 +192,7 @@ def tau_curve(steps: pd.DataFrame, key: pd.Series, seed: int, n_resamples: int =
     units = list(dict.fromkeys(trajectory_keys(steps)))
     keys = sorted(key.unique())
     frame = pd.DataFrame({"unit": trajectory_keys(steps), "key": key.to_numpy(),
-                          "value": (steps.num_accepted + 1).to_numpy()})
+                          "value": metrics.step_tokens(steps.num_accepted).to_numpy()})
     sums = frame.pivot_table(index="unit", columns="key", values="value", aggfunc="sum", fill_value=0)
     counts = frame.pivot_table(index="unit", columns="key", values="value", aggfunc="count", fill_value=0)
     sums, counts = sums.reindex(index=units, columns=keys, fill_value=0), counts.reindex(index=units, columns=keys,
@@ -263,7 +263,7 @@ def context_curves(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0, n_re
             unit_index = {u: i for i, u in enumerate(units)}
             if len(cell_steps):
                 u = trajectory_keys(cell_steps).map(unit_index).to_numpy()
-                np.add.at(tau_units, (u, step_bin, 0), (cell_steps.num_accepted + 1).to_numpy(float))
+                np.add.at(tau_units, (u, step_bin, 0), metrics.step_tokens(cell_steps.num_accepted).to_numpy(float))
                 np.add.at(tau_units, (u, step_bin, 1), 1.0)
             pairs = metrics.paired(cell_turns)
             sp_units = np.zeros((len(units), n_bins, 4))

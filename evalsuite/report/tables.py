@@ -1,14 +1,12 @@
-"""Paper-style tables: one `Table` model, built from the stats, rendered to Markdown, LaTeX (booktabs), HTML and CSV.
+"""Paper-style tables: each of the report's tables built from the stats as a `formatting.Table` (the model and its
+Markdown, LaTeX (booktabs), HTML and CSV renderers live in `evalsuite.report.formatting`).
 
 Conventions are attached to each table as notes and printed under it in every format.
 """
 
 from __future__ import annotations
 
-import html
 import math
-import re
-from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -16,54 +14,7 @@ from evalsuite import conventions, metrics
 from evalsuite.conventions import BASELINE
 from evalsuite.report import (breakeven, checks, decisions, effects, hardware, policy, positions, stats,
                               telemetry)
-
-@dataclass
-class Cell:
-    value: float | int | str | None
-    low: float | None = None  # the 95 % interval; printed as [lo, hi]
-    high: float | None = None
-    n: int | None = None  # trajectories behind the value: below 3 prints its n and no interval, below 5 a † note
-    bold: bool = False  # best of its column by the paired bootstrap (`decisions.rank_methods`)
-    tie: bool = False  # tied for best: the paired ratio to the best covers 1 (marked ≈)
-    digits: int = 2
-    unit: str = ""  # "bytes": printed as B/KiB/MiB/GiB
-    count: int | None = None  # a count shown after the value, e.g. the steps behind a rate: "0.81 (n=345)"
-    mark: str = ""  # a mark printed after the value (e.g. ‡: a bin too small for an interval)
-
-    @property
-    def has_interval(self) -> bool:
-        return (self.low is not None and self.high is not None and not math.isnan(self.low)
-                and not math.isnan(self.high) and (self.n is None or self.n >= stats.MIN_INTERVAL_TRAJECTORIES))
-
-    @property
-    def few(self) -> bool:
-        return self.n is not None and self.n < stats.MIN_TRAJECTORIES
-
-    def text(self) -> str:
-        value = self.value
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            return "–"
-        if self.unit == "bytes":
-            return human_bytes(float(value))
-        if isinstance(value, str):
-            return value
-        if isinstance(value, int):
-            return f"{value:,}"
-        body = f"{value:.{self.digits}f}"
-        if self.n is not None and self.n < stats.MIN_INTERVAL_TRAJECTORIES:
-            body += f" (n={self.n})"
-        elif self.has_interval:
-            body += f" [{self.low:.{self.digits}f}, {self.high:.{self.digits}f}]"
-        if self.count is not None:
-            body += f" (n={self.count:,})"
-        if self.few:
-            body += " †"
-        if self.mark:
-            body += f" {self.mark}"
-        if self.tie:
-            body += " ≈"
-        return body
-
+from evalsuite.report.formatting import Cell, Table, is_number
 
 FEW_NOTE = (f"† fewer than {stats.MIN_TRAJECTORIES} trajectories in this cell: its interval is rough (below "
             f"{stats.MIN_INTERVAL_TRAJECTORIES} there is none, and the cell prints its n)")
@@ -75,136 +26,13 @@ BOLD_NOTE = ("bold = best of its column by a paired bootstrap: the ratio of the 
              "intervals decide nothing)")
 
 
-@dataclass
-class Table:
-    name: str  # file stem under tables/
-    title: str
-    header: list[str]
-    rows: list[list[Cell]]
-    notes: list[str]
-    csv: pd.DataFrame  # the machine-readable form (CI bounds as columns)
-    groups: list[tuple[str, int]] = field(default_factory=list)  # spanning header cells above `header`
-
-    def flat_header(self) -> list[str]:
-        if not self.groups:
-            return list(self.header)
-        owners = [name for name, span in self.groups for _ in range(span)]
-        return [f"{owner} {column}".strip() for owner, column in zip(owners, self.header)]
-
-
-@dataclass
-class Box:
-    """A framed list of generated sentences on the page (the verdict, the caveats)."""
-
-    kind: str  # "verdict" | "caveat": the CSS class
-    title: str
-    lines: list[str]
-
-
-# ---- renderers -------------------------------------------------------------------------------------------------
-def to_markdown(table: Table) -> str:
-    def row(cells: list[str]) -> str:
-        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
-
-    aligns = [":---" if j == 0 or not _numeric_column(table, j) else "---:" for j in range(len(table.header))]
-    lines = [f"### {table.title}", "", row(table.flat_header()), "|" + "|".join(aligns) + "|"]
-    for cells in table.rows:
-        lines.append(row([f"**{c.text()}**" if c.bold else c.text() for c in cells]))
-    lines.append("")
-    lines += [f"- {note}" for note in table.notes]
-    return "\n".join(lines) + "\n"
-
-
-def to_latex(table: Table) -> str:
-    columns = "".join("r" if j > 0 and _numeric_column(table, j) else "l" for j in range(len(table.header)))
-    lines = ["% generated by `evalsuite report`; needs \\usepackage{booktabs}", "\\begin{table}[t]", "\\centering",
-             f"\\caption{{{latex_escape(table.title)}}}", f"\\label{{tab:{table.name}}}",
-             f"\\begin{{tabular}}{{{columns}}}", "\\toprule"]
-    if table.groups:
-        spans, rules, start = [], [], 1
-        for name, span in table.groups:
-            spans.append(f"\\multicolumn{{{span}}}{{c}}{{{latex_escape(name)}}}" if span > 1 else latex_escape(name))
-            if name and span > 1:
-                rules.append(f"\\cmidrule(lr){{{start}-{start + span - 1}}}")
-            start += span
-        lines.append(" & ".join(spans) + " \\\\")
-        lines += rules
-    lines.append(" & ".join(latex_escape(h) for h in table.header) + " \\\\")
-    lines.append("\\midrule")
-    for cells in table.rows:
-        texts = [latex_escape(c.text()) for c in cells]
-        lines.append(" & ".join(f"\\textbf{{{t}}}" if c.bold else t for c, t in zip(cells, texts)) + " \\\\")
-    lines += ["\\bottomrule", "\\end{tabular}"]
-    if table.notes:
-        lines.append("\\par\\smallskip\\footnotesize")
-        lines += [latex_escape(note) + "\\\\" for note in table.notes]
-    lines.append("\\end{table}")
-    return "\n".join(lines) + "\n"
-
-
-def to_html(table: Table) -> str:
-    parts = [f'<section class="table" id="{table.name}">', f"<h3>{inline_code(table.title)}</h3>", "<table>",
-             "<thead>"]
-    if table.groups:
-        parts.append("<tr>" + "".join(f'<th colspan="{span}" class="group">{html.escape(name)}</th>'
-                                      for name, span in table.groups) + "</tr>")
-    parts.append("<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in table.header) + "</tr>")
-    parts.append("</thead><tbody>")
-    for cells in table.rows:
-        tds = []
-        for i, cell in enumerate(cells):
-            text = inline_code(cell.text())
-            if cell.has_interval and _is_number(cell.value):  # the interval on its own, smaller line: narrow columns
-                text = re.sub(r"^(\S+) (\[[^\]]+\])", r'\1<br><span class="ci">\2</span>', text)
-            cls = "num" if i > 0 and _is_number(cell.value) else "label"
-            tds.append(f'<td class="{cls}">' + (f"<strong>{text}</strong>" if cell.bold else text) + "</td>")
-        parts.append("<tr>" + "".join(tds) + "</tr>")
-    parts.append("</tbody></table>")
-    if table.notes:
-        parts.append('<ul class="notes">' + "".join(f"<li>{inline_code(n)}</li>" for n in table.notes) + "</ul>")
-    parts.append("</section>")
-    return "\n".join(parts)
-
-
-def inline_code(text: str) -> str:
-    """HTML-escaped text in which `code` spans become <code> (an unpaired backtick stays literal)."""
-    pieces = html.escape(text).split("`")
-    if len(pieces) % 2 == 0:
-        return "`".join(pieces)
-    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(pieces))
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _numeric_column(table: Table, j: int) -> bool:
-    return any(_is_number(row[j].value) for row in table.rows)
-
-
-_LATEX_SPECIAL = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
-                  "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}",
-                  "τ": r"$\tau$", "±": r"$\pm$", "×": r"$\times$", "≥": r"$\geq$", "–": "--", "→": r"$\to$",
-                  "≤": r"$\leq$", "…": r"\ldots{}", "†": r"\dag{}", "≈": r"$\approx$", "−": "$-$",
-                  "“": "``", "”": "''"}
-
-
-def latex_escape(text: str) -> str:
-    """Escapes LaTeX specials and maps the symbols the notes use; `code` becomes \\texttt{code}."""
-    parts = text.split("`")
-    escaped = ["".join(_LATEX_SPECIAL.get(ch, ch) for ch in part) for part in parts]
-    if len(parts) % 2 == 0:  # an unpaired backtick: keep it literal
-        return "`".join(escaped)
-    return "".join(f"\\texttt{{{part}}}" if i % 2 else part for i, part in enumerate(escaped))
-
-
 # ---- helpers ---------------------------------------------------------------------------------------------------
 def mark_ranked(rows: list[list[Cell]], column: int, status: dict[str, str]) -> None:
     """Bold / ≈ one column from the paired ranking {method: status} of `decisions.rank_methods` (the rows' first
     cell names the method): "best" is bold, "tied for best" gets ≈, anything else (behind, undecided) no mark."""
     for row in rows:
         state = status.get(str(row[0].value), "")
-        if not _is_number(row[column].value) or (isinstance(row[column].value, float) and
+        if not is_number(row[column].value) or (isinstance(row[column].value, float) and
                                                   math.isnan(row[column].value)):
             continue
         row[column].bold = state == "best"
@@ -621,14 +449,6 @@ def cost_table(steps: pd.DataFrame, methods: list[str], tasks: list[str]) -> Tab
     header = ["Method", "Task", "draft ms/step", "verify ms/step", "draft/verify", "median ctx", "state @ median",
               "max ctx", "state @ max"]
     return Table("cost", "Cost per verify step and draft-state memory", header, rows, notes, pd.DataFrame(records))
-
-
-def human_bytes(value: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"
 
 
 # ---- degenerate turns --------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from evalsuite.conventions import BASELINE
 from evalsuite.report.decisions import format_interval
 from evalsuite.report.load import REPO_ROOT, task_label
 from evalsuite.report.effects import change_over
@@ -144,7 +145,7 @@ def end_to_end_clause(e2e: pd.DataFrame | None, task: str) -> str:
     one, the fastest first (`telemetry.end_to_end`)."""
     if e2e is None or e2e.empty:
         return ""
-    cells = e2e[(e2e.task == task) & (e2e.method != "ar")].sort_values("latency_speedup", ascending=False)
+    cells = e2e[(e2e.task == task) & (e2e.method != BASELINE)].sort_values("latency_speedup", ascending=False)
     cells = cells[np.isfinite(cells.latency_speedup.astype(float))]
     if cells.empty:
         return ""
@@ -404,8 +405,3 @@ def _hardware(config: dict) -> str:
     if config.get("weight_layout"):
         text += f", weights {config['weight_layout']}"
     return text
-
-
-def caveat_markdown(lines: list[str]) -> str:
-    """The box as a Markdown blockquote."""
-    return "\n".join(["> **Caveats: how far these numbers carry**", ">"] + [f"> - {line}" for line in lines])

@@ -18,6 +18,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from evalsuite import metrics
+
 
 def position_weights(block: int, gamma: float, device=None) -> torch.Tensor:
     """[block] weights exp(-(k-1)/γ) for k = 1..block; γ <= 0 means uniform weights."""
@@ -99,4 +101,4 @@ def greedy_tau(correct: torch.Tensor, valid: torch.Tensor) -> float:
     starts = valid[:, 0]
     if not bool(starts.any()):
         return math.nan
-    return float(hits[starts].mean() + 1.0)
+    return metrics.tau_of(hits[starts].tolist())
