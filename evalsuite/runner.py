@@ -26,12 +26,10 @@ from evalsuite.engines import make_engine
 from evalsuite.engines.base import Engine
 from evalsuite.errors import UserError
 from evalsuite.records import TurnKey, TurnRecord, step_records, turn_record
-from evalsuite.replay import ContextPolicy, MethodReplay, Window, check_replay_mode, make_policy
+from evalsuite.replay import ContextPolicy, MethodReplay, ReplaySetup, Window, make_policy, replay_type
 from evalsuite.spans import SPANS_SCHEMA, SPANS_TABLE, label_turn, span_rows
 from evalsuite.store import RunStore, read_run
 from evalsuite.tasks.base import LoadOptions, Trajectory, get_task, replay_source, select_samples
-from evalsuite.chat import template_features
-from evalsuite.tools.bfcl_loop import CLOSED, NATIVE, closed_replays, describe_closed_loop, resolve_tool_format
 
 WARMUP_PROMPT = [{"role": "user", "content": "Warmup."}]
 
@@ -61,7 +59,8 @@ class Runner:
         self.task = get_task(config.task)
         self.engine = engine or make_engine(config, out_dir)
         self.methods = config.recorded_methods  # `ar` first: it runs for pairing, and is recorded whenever it runs
-        self.replay = config.replay if config.replay != "auto" else self.task.default_replay
+        self.replay_mode = config.replay if config.replay != "auto" else self.task.default_replay
+        self.replay_type = replay_type(self.replay_mode)  # the mode's class: it builds each trajectory's replays
         self.run_id = Path(out_dir).name
         self.worker_host = socket.gethostname()  # recorded on every turn row; a Ray worker sets its own
         self.worker_device = ""  # the engine's device unless set (a Ray worker names its physical GPU)
@@ -81,10 +80,7 @@ class Runner:
             self.trajectories = select_samples(self.trajectories, self.config.sample_ids, self.config.task)
         if not self.trajectories:
             raise UserError(f"task {self.config.task}: no samples to run")
-        check_replay_mode(self.config.replay, self.trajectories, self.config.task)
-        if self.config.context_points and self.replay == "free" and any(len(t.turns) > 1 for t in self.trajectories):
-            raise UserError(f"--context-points: task {self.config.task} replays the model's own replies (free), but "
-                            "the turns between points are not decoded; use --replay logged")
+        self.replay_type.check_data(self.config, self.trajectories)
         self.contention = contention.snapshot()  # before loading: what else keeps the CPU busy
         self.threads_requested = self.config.threads
         threads = contention.resolve_threads(self.config.threads, self.contention)
@@ -99,9 +95,7 @@ class Runner:
                 threads = self.threads_choice["chosen"]
         self.config = replace(self.config, threads=threads)
         self.chat = self.engine.chat
-        if self.replay == CLOSED:  # auto: native where the template takes tools (recorded resolved: a drift field)
-            self.config = replace(self.config, tool_format=resolve_tool_format(self.config.tool_format,
-                                                                               self.chat.chat_template))
+        self.config = self.replay_type.configure(self.config, self.chat.chat_template)
         self.worker_device = self.worker_device or self.engine.device_label
         self.policy = make_policy(self.config.context_policy,
                                   Window(self.chat.max_context, self.config.max_new_tokens, self.config.k))
@@ -122,10 +116,10 @@ class Runner:
             **self.config.as_dict(),
             "run_id": self.run_id,
             "engine": self.engine.name,
-            "replay": self.replay,
-            "replay_source": replay_source(self.trajectories, self.replay),
+            "replay": self.replay_mode,
+            "replay_source": replay_source(self.trajectories, self.replay_mode),
             **engine,
-            **self._replay_notes(),
+            **self.replay_type.describe(self.config, self.chat.chat_template),
             "task_licence": self.task.licence,
             "task_source": self.task.source,
             "sample_ids": [t.sample_id for t in self.trajectories],
@@ -226,7 +220,7 @@ class Runner:
         """One method's decode of one turn, metered for contention: (its row, its step rows, its output ids), or
         a recorded skip (row, [], None)."""
         key = TurnKey(self.run_id, name, self.config.task, trajectory.sample_id, turn)
-        common = dict(replay=context.replay, context_len=context.context_len, dropped_tokens=context.dropped_tokens,
+        common = dict(replay=context.label, context_len=context.context_len, dropped_tokens=context.dropped_tokens,
                       dropped_messages=context.dropped_messages, position=position, engine=self.engine.name,
                       worker_host=self.worker_host, worker_device=self.worker_device, last=False,
                       repo=str(trajectory.meta.get("repo") or ""), pairing=context.pairing,
@@ -277,21 +271,10 @@ class Runner:
 
     # ---- pieces ----------------------------------------------------------------------------------------------
     def replays(self, trajectory: Trajectory, methods: tuple[str, ...]) -> dict[str, MethodReplay]:
-        """Each method's replay of `trajectory` as this run makes it (replay mode, context points, closed loop)."""
-        if self.replay == CLOSED:
-            return closed_replays(trajectory, methods, self.policy, self._render, self.config.temperature,
-                                  self.config.max_turns, tool_format=self.config.tool_format)
-        return {name: MethodReplay(trajectory, self.replay, self.policy, self._render(trajectory),
-                                   self.config.max_turns, self.config.context_points) for name in methods}
-
-    def _replay_notes(self) -> dict:
-        if self.replay != CLOSED:
-            return {}
-        rendering = ""
-        if self.config.tool_format == NATIVE and not template_features(self.chat.chat_template or "")["tools"]:
-            rendering = ("this chat template takes no tools: they, the calls and the results are rendered as text in "
-                         "the Hermes convention, evalsuite/chat.py")
-        return describe_closed_loop(self.config.temperature, self.config.tool_format, rendering=rendering)
+        """Each method's replay of `trajectory` as this run makes it (its replay mode, context policy and points)."""
+        setup = ReplaySetup(self.policy, self._render, self.config.max_turns, self.config.context_points,
+                            self.config.task, self.config.temperature, self.config.tool_format)
+        return self.replay_type.for_trajectory(trajectory, methods, setup)
 
     @staticmethod
     def _extra_rows(replays: dict[str, MethodReplay], kept: list[TurnRecord]) -> dict:
