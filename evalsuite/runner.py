@@ -2,9 +2,10 @@
 
 Loop order: trajectory → turn → method. What each method's context is at each turn (replay mode, history, context
 policy) comes from `evalsuite.replay`; how a turn is decoded, from the engine (`evalsuite.engines`). Every turn gets
-one record per method, decoded or skipped with its reason; once all methods have decoded a turn, each is paired
-with `ar` (`metrics.pair_turns`) and the turn is persisted (`store.RunStore.write_turn`), so an interrupted run
-resumes at the next turn. On `--resume`, each method's stored turns are replayed from their stored outputs
+one record per method, decoded or skipped with its reason. Each decode is kept as it came (`Decode`: the context
+and the engine's `TurnResult`); once all methods have decoded a turn, each row is built once from it, paired with
+`ar`'s decode (`Decode.row`), and the turn is persisted (`store.RunStore.write_turn`), so an interrupted run resumes
+at the next turn. On `--resume`, each method's stored turns are replayed from their stored outputs
 (`MethodReplay.replay_stored`) and only the missing (method, turn) decodes run; `ar` decodes again where another
 method needs its pairing, without being rewritten. Each decoded turn is stored with its span labels
 (`spans.label_turn`: kind and copy length per emitted token, from the context and output ids in memory).
@@ -19,14 +20,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from evalsuite import contention, metrics, resume
+from evalsuite import contention, degenerate, metrics, resume
 from evalsuite.config import RunConfig, environment
 from evalsuite.conventions import BASELINE, CONTENDED_CORES, RUN_CONVENTIONS, SKIPPED
 from evalsuite.engines import make_engine
 from evalsuite.engines.base import Engine
 from evalsuite.errors import UserError
-from evalsuite.records import TurnKey, TurnRecord, step_records, turn_record
-from evalsuite.replay import ContextPolicy, MethodReplay, ReplaySetup, Window, make_policy, replay_type
+from evalsuite.records import TurnKey, TurnRecord, TurnResult, step_records, turn_record
+from evalsuite.replay import ContextPolicy, MethodReplay, ReplaySetup, TurnContext, Window, make_policy, replay_type
 from evalsuite.spans import SPANS_SCHEMA, SPANS_TABLE, label_turn, span_rows
 from evalsuite.store import RunStore, read_run
 from evalsuite.tasks.base import LoadOptions, Trajectory, get_task, replay_source, select_samples
@@ -49,6 +50,44 @@ class Progress:
     total: int
     update: Callable[[dict], None] = lambda info: None
     step: Callable[[int], None] = lambda tokens: None
+
+
+@dataclass(frozen=True)
+class Decode:
+    """One method's decode of one turn: its context, what the engine returned (`result`; None for a recorded skip)
+    and what was known around it. Its row (`row`) is built once the turn is complete: when `ar`'s decode of it (the
+    pairing) and whether the trajectory goes on are known."""
+
+    key: TurnKey
+    context: TurnContext
+    position: int  # in the turn's seed-shuffled order of methods
+    engine: str
+    worker_host: str
+    worker_device: str
+    repo: str = ""
+    result: TurnResult | None = None
+    cpu_others: float | None = None  # cores other processes kept busy during the decode (None: unknown)
+    degenerate: tuple[bool, str] = (False, "")  # degenerate.flag_reply against the method's earlier replies
+
+    def row(self, baseline: Decode | None, last: bool) -> TurnRecord:
+        """The turn's row: paired with `baseline` (`ar`'s decode of the turn) where both were decoded."""
+        context, result = self.context, self.result
+        ar = baseline.result if baseline is not None and result is not None else None
+        steps = result.steps if result is not None else []
+        return turn_record(
+            self.key, result, replay=context.label, context_len=context.context_len,
+            prompt_tokens=context.context_len, dropped_tokens=context.dropped_tokens,
+            dropped_messages=context.dropped_messages, skip_reason=context.skip_reason, pairing=context.pairing,
+            context_point=context.context_point, position=self.position, engine=self.engine,
+            worker_host=self.worker_host, worker_device=self.worker_device, repo=self.repo, last=last,
+            tau=metrics.tau_of([s.num_accepted for s in steps], [s.budget_limited for s in steps]),
+            cpu_others=float("nan") if self.cpu_others is None else self.cpu_others,
+            contended=self.cpu_others is not None and self.cpu_others >= CONTENDED_CORES,
+            degenerate=self.degenerate[0], degenerate_reason=self.degenerate[1],
+            ar_decode_s=ar.decode_s if ar is not None else 0.0,
+            ar_new_tokens=len(ar.output_ids) if ar is not None else 0,
+            speedup_turn=float("nan") if ar is None else metrics.speedup_ratio(
+                ar.decode_s, len(ar.output_ids), result.decode_s, len(result.output_ids)))
 
 
 class Runner:
@@ -194,68 +233,62 @@ class Runner:
             wanted = [m for m in methods if replays[m].has_turn(turn) and turn not in stored[m]]
             ar_has_turn = BASELINE in replays and replays[BASELINE].has_turn(turn)  # its own loop may end first
             decode = set(wanted) | ({BASELINE} if set(wanted) - {BASELINE} and ar_has_turn else set())
-            records, steps, decoded = {}, {}, {}
+            decodes: dict[str, Decode] = {}
             for position, name in enumerate(m for m in self.turn_order(sample, turn) if m in decode):
-                context = replays[name].context(turn)
-                records[name], steps[name], reply = self._decode(trajectory, turn, name, context, position,
-                                                                 earlier[name], progress)
+                done = decodes[name] = self._decode(trajectory, turn, name, replays[name].context(turn), position,
+                                                    earlier[name], progress)
+                reply = None if done.result is None else list(done.result.output_ids)
                 replays[name].record_reply(turn, None if reply is None else self.chat.decode(reply))
                 if reply is not None:
-                    earlier[name].append((turn, list(reply)))
-                    decoded[name] = (context.ids, reply)
+                    earlier[name].append((turn, reply))
             for name in methods:
                 if name not in decode and replays[name].has_turn(turn):  # stored: continue from the stored reply
                     row = stored[name].get(turn)
                     replays[name].replay_stored(turn, self._stored_text(row))
                     if row is not None and row.output_ids is not None:
                         earlier[name].append((turn, list(row.output_ids)))
-            kept = [metrics.pair_turns(records)[m] for m in wanted]
-            for record in kept:
-                record.last = not replays[record.method].has_turn(turn + 1)
-            self._store_turn(sample, turn, kept, steps, decoded, replays, progress)
+            baseline = decodes.get(BASELINE)
+            self._store_turn(sample, turn, [decodes[m] for m in wanted], baseline, replays, progress)
             turn += 1
 
-    def _decode(self, trajectory: Trajectory, turn: int, name: str, context, position: int,
-                earlier: list[tuple[int, list[int]]], progress: Progress):
-        """One method's decode of one turn, metered for contention: (its row, its step rows, its output ids), or
-        a recorded skip (row, [], None)."""
-        key = TurnKey(self.run_id, name, self.config.task, trajectory.sample_id, turn)
-        common = dict(replay=context.label, context_len=context.context_len, dropped_tokens=context.dropped_tokens,
-                      dropped_messages=context.dropped_messages, position=position, engine=self.engine.name,
-                      worker_host=self.worker_host, worker_device=self.worker_device, last=False,
-                      repo=str(trajectory.meta.get("repo") or ""), pairing=context.pairing,
-                      context_point=context.context_point)
-        if context.skipped:
-            return turn_record(key, **common, skip_reason=context.skip_reason), [], None
-        budget, stepped = self.config.max_new_tokens * self.config.repeats, [0]
+    def _decode(self, trajectory: Trajectory, turn: int, name: str, context: TurnContext, position: int,
+                earlier: list[tuple[int, list[int]]], progress: Progress) -> Decode:
+        """One method's decode of one turn, metered for contention, or a recorded skip."""
+        result, others, flag = None, None, (False, "")
+        if not context.skipped:
+            budget, stepped = self.config.max_new_tokens * self.config.repeats, [0]
 
-        def on_step(tokens: int) -> None:
-            stepped[0] += tokens
-            progress.step(tokens)
+            def on_step(tokens: int) -> None:
+                stepped[0] += tokens
+                progress.step(tokens)
 
-        meter = contention.Meter()
-        meter.start()
-        result = self.engine.decode(name, context.ids, turn_seed(self.config.seed, trajectory.sample_id, turn),
-                                    on_step)
-        others = meter.stop()
-        progress.step(max(budget - stepped[0], 0))  # the rest of this decode's budget
-        record = turn_record(key, **common, result=result, cpu_others=others, earlier=earlier,
-                             contended=others is not None and others >= CONTENDED_CORES)
-        return record, step_records(key, result, self.engine.name), list(result.output_ids)
+            meter = contention.Meter()
+            meter.start()
+            result = self.engine.decode(name, context.ids, turn_seed(self.config.seed, trajectory.sample_id, turn),
+                                        on_step)
+            others = meter.stop()
+            progress.step(max(budget - stepped[0], 0))  # the rest of this decode's budget
+            flag = degenerate.flag_reply(result.output_ids, earlier)
+        return Decode(TurnKey(self.run_id, name, self.config.task, trajectory.sample_id, turn), context, position,
+                      self.engine.name, self.worker_host, self.worker_device, str(trajectory.meta.get("repo") or ""),
+                      result, others, flag)
 
-    def _store_turn(self, sample: str, turn: int, kept: list[TurnRecord], steps: dict, decoded: dict, replays,
+    def _store_turn(self, sample: str, turn: int, decodes: list[Decode], baseline: Decode | None, replays,
                     progress: Progress) -> None:
-        """Persist one turn's rows (steps, spans and any replay's own table with them), then report progress."""
-        if not kept:
+        """Build the turn's rows (each method's decode paired with `ar`'s; `last` once its replay says the trajectory
+        ends), persist them with their steps, spans and any replay's own table, then report progress."""
+        if not decodes:
             return
-        methods = [r.method for r in kept]
+        kept = [d.row(baseline, last=not replays[d.key.method].has_turn(turn + 1)) for d in decodes]
+        steps = {d.key.method: step_records(d.key, d.result, d.engine) for d in decodes if d.result is not None}
         extra = self._extra_rows(replays, kept)
-        spans = self._span_rows(sample, turn, {m: decoded[m] for m in methods if m in decoded})
+        spans = self._span_rows(sample, turn, {d.key.method: (d.context.ids, d.result.output_ids)
+                                               for d in decodes if d.result is not None})
         if spans:
             extra[SPANS_TABLE] = (spans, SPANS_SCHEMA)
-        self.store.write_turn(sample, turn, [s for m in methods for s in steps.get(m, [])], kept, extra)
+        self.store.write_turn(sample, turn, [s for d in decodes for s in steps.get(d.key.method, [])], kept, extra)
         for record in (r for r in kept if r.stop_reason != SKIPPED):
-            mine = steps.get(record.method, [])
+            mine = steps[record.method]
             progress.update({"method": record.method, "sample": sample, "turn": turn, "tau": record.tau,
                              "tau_sums": metrics.tau_sums([s.num_accepted for s in mine],
                                                           [s.budget_limited for s in mine]),
