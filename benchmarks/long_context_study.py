@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from evalsuite.replay import MethodReplay, Window, make_policy
+from evalsuite.replay import LoggedReplay, Window, make_policy
 from evalsuite.target import load_chat
 from evalsuite.tasks.base import LoadOptions, get_task
 
@@ -24,7 +24,7 @@ def reach(target: str, new_tokens: int = 64, k: int = 7) -> list[tuple[str, int,
     policy = make_policy("stop", Window(chat.max_context, new_tokens, k))
     found = []
     for trajectory in get_task("swebench").load(LoadOptions()):
-        replay = MethodReplay(trajectory, "logged", policy,
+        replay = LoggedReplay(trajectory, policy,
                               lambda messages, tools=trajectory.tools: chat.render(messages, tools))
         longest, turn = 0, 0
         while replay.has_turn(turn):

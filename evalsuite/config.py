@@ -22,10 +22,7 @@ from evalsuite.catalog import METHODS, WINDOW_KEY, method_spec, suggest
 from evalsuite.conventions import BASELINE
 from evalsuite.errors import UserError
 
-REPLAY_MODES = ("auto", "logged", "free", "closed")  # closed: BFCL-v3, executed tools (evalsuite/tools/bfcl_loop.py)
-CLOSED_TASK = "bfcl-v3"
-BFCL_INSTALL_HINT = ("pip install 'evalsuite[bfcl]' && pip install --no-deps bfcl-eval==2026.3.23 "
-                     "(--no-deps: bfcl-eval pins numpy==1.26.4)")
+REPLAY_MODES = ("auto", "logged", "free", "closed")  # closed: the task's environment runs the calls (replay/closed.py)
 # --tool-format of the closed loop: the template's own tools and tool calls | BFCL's prompting mode (None = native
 # where the target's chat template takes `tools`, else prompt; the runner records the resolved one)
 TOOL_FORMATS = ("native", "prompt")
@@ -255,13 +252,13 @@ class RunConfig:
                 raise UserError(f"--tool-format {self.tool_format}: it sets how the closed loop asks for tool calls; "
                                 "use it with --replay closed")
             return
-        if self.task != CLOSED_TASK:
-            raise UserError(f"--replay closed runs BFCL-v3's executed tools: use --task {CLOSED_TASK} "
-                            f"(not {self.task})")
-        import importlib.util
+        from evalsuite.tasks.environment import ENVIRONMENTS, task_environment
 
-        if importlib.util.find_spec("bfcl_eval") is None:
-            raise UserError(f"--replay closed needs bfcl-eval's simulated tool backends: {BFCL_INSTALL_HINT}")
+        environment = task_environment(self.task)
+        if environment is None:
+            tasks = " or ".join(f"--task {name}" for name in sorted(ENVIRONMENTS))
+            raise UserError(f"--replay closed runs a task's executed tools: use {tasks} (not {self.task})")
+        environment.require()
 
     @property
     def uses_ray(self) -> bool:

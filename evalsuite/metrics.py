@@ -83,22 +83,15 @@ def with_baseline(methods: Iterable[str]) -> list[str]:
     return methods
 
 
-def pair_turns(records: Mapping[str, R]) -> dict[str, R]:
-    """Each method's record of one turn paired with the baseline's decode of the same turn: `ar_decode_s`,
-    `ar_new_tokens` and `speedup_turn` set where both were decoded (records without a baseline are returned
-    as they are). Pure: returns new records."""
-    baseline = records.get(BASELINE)
-    if baseline is None or baseline.stop_reason == SKIPPED:
-        return dict(records)
-    paired_records = {}
-    for name, record in records.items():
-        if record.stop_reason == SKIPPED:
-            paired_records[name] = record
-            continue
-        paired_records[name] = replace(
-            record, ar_decode_s=baseline.decode_s, ar_new_tokens=baseline.new_tokens,
-            speedup_turn=speedup_ratio(baseline.decode_s, baseline.new_tokens, record.decode_s, record.new_tokens))
-    return paired_records
+def turn_pairing(baseline: tuple[float, int] | None, decode_s: float, new_tokens: int) -> dict:
+    """A turn's pairing with the baseline's decode of the same turn, (its decode seconds, its new tokens), where
+    both were decoded (`baseline` None: unpaired): the `ar_decode_s`, `ar_new_tokens` and `speedup_turn` of the
+    turn's record."""
+    if baseline is None:
+        return {"ar_decode_s": 0.0, "ar_new_tokens": 0, "speedup_turn": float("nan")}
+    ar_s, ar_tokens = baseline
+    return {"ar_decode_s": ar_s, "ar_new_tokens": ar_tokens,
+            "speedup_turn": speedup_ratio(ar_s, ar_tokens, decode_s, new_tokens)}
 
 
 # ---- over the stored tables ------------------------------------------------------------------------------------

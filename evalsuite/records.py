@@ -1,5 +1,6 @@
 """The typed data that flows from an engine to the store: what an engine measures (`Step`, `TurnResult`) and the
-rows the store keeps (`StepRecord`, `TurnRecord`), each row built once from a result.
+rows the store keeps (`StepRecord`, `TurnRecord`), each row built once from a result. The measures derived from a
+result (τ, the pairing with `ar`, the degenerate flag) come from `metrics` and `degenerate`, through the runner.
 
 No torch, no I/O: engines, the runner, the store and the reports all import these types.
 """
@@ -10,7 +11,6 @@ from dataclasses import asdict, dataclass, field, fields
 
 import pyarrow as pa
 
-from evalsuite import degenerate, metrics
 from evalsuite.conventions import SKIPPED
 
 
@@ -88,7 +88,7 @@ class TurnRecord:
     draft_prefill_s: float | None = 0.0
     decode_s: float = 0.0
     tau: float = float("nan")  # pooled over this turn's counted verify steps (metrics.tau_of); NaN when none
-    ar_decode_s: float = 0.0  # the paired AR decode of the same turn (metrics.pair_turns)
+    ar_decode_s: float = 0.0  # the paired AR decode of the same turn
     ar_new_tokens: int = 0
     speedup_turn: float = float("nan")  # this turn alone: (ar_decode_s / ar_new_tokens) / (decode_s / new_tokens)
     stop_reason: str = ""  # eos | max_new_tokens | context_limit | skipped
@@ -121,29 +121,15 @@ def step_records(key: TurnKey, result: TurnResult, engine: str) -> list[StepReco
             for i, s in enumerate(result.steps)]
 
 
-def turn_record(key: TurnKey, *, replay: str, context_len: int, dropped_tokens: int, dropped_messages: int,
-                position: int, engine: str, worker_host: str, worker_device: str, last: bool,
-                result: TurnResult | None = None, skip_reason: str = "", cpu_others: float | None = None,
-                contended: bool = False, repo: str = "", pairing: str = "", context_point: int = 0,
-                earlier: list[tuple[int, list[int]]] = ()) -> TurnRecord:
-    """The row of one turn: decoded (`result`) or skipped (`skip_reason`). Pairing comes later
-    (`metrics.pair_turns`). `earlier`: the (turn, output ids) this method decoded before in the trajectory, against
-    which the reply is checked for degeneration."""
-    common = dict(**asdict(key), replay=replay, context_len=context_len, prompt_tokens=context_len,
-                  dropped_tokens=dropped_tokens, dropped_messages=dropped_messages, position=position, engine=engine,
-                  worker_host=worker_host, worker_device=worker_device, last=last, repo=repo, pairing=pairing,
-                  context_point=context_point)
+def turn_record(key: TurnKey, result: TurnResult | None, **fields) -> TurnRecord:
+    """The row of one turn, built once: its key, what the engine measured (`result`; None for a recorded skip, whose
+    stop_reason is `skipped`) and the runner's `fields` (the context, where it ran, τ, the pairing with `ar`, ...)."""
     if result is None:
-        return TurnRecord(**common, stop_reason=SKIPPED, skip_reason=skip_reason)
-    flagged, reason = degenerate.flag_reply(result.output_ids, earlier)
-    return TurnRecord(**common, cpu_others=float("nan") if cpu_others is None else cpu_others, contended=contended,
-                      prefill_tokens=result.prefill_tokens, new_tokens=len(result.output_ids),
-                      num_steps=len(result.steps), prefill_s=result.prefill_s,
-                      draft_prefill_s=result.draft_prefill_s, decode_s=result.decode_s,
-                      tau=metrics.tau_of([s.num_accepted for s in result.steps],
-                                         [s.budget_limited for s in result.steps]),
-                      stop_reason=result.stop_reason, output_ids=list(result.output_ids), degenerate=flagged,
-                      degenerate_reason=reason, repeat_decode_s=[float(v) for v in result.repeat_decode_s])
+        return TurnRecord(**asdict(key), stop_reason=SKIPPED, **fields)
+    return TurnRecord(**asdict(key), prefill_tokens=result.prefill_tokens, new_tokens=len(result.output_ids),
+                      num_steps=len(result.steps), prefill_s=result.prefill_s, draft_prefill_s=result.draft_prefill_s,
+                      decode_s=result.decode_s, stop_reason=result.stop_reason, output_ids=list(result.output_ids),
+                      repeat_decode_s=[float(v) for v in result.repeat_decode_s], **fields)
 
 
 def _schema(cls) -> pa.Schema:

@@ -2,9 +2,10 @@
 
 Loop order: trajectory → turn → method. What each method's context is at each turn (replay mode, history, context
 policy) comes from `evalsuite.replay`; how a turn is decoded, from the engine (`evalsuite.engines`). Every turn gets
-one record per method, decoded or skipped with its reason; once all methods have decoded a turn, each is paired
-with `ar` (`metrics.pair_turns`) and the turn is persisted (`store.RunStore.write_turn`), so an interrupted run
-resumes at the next turn. On `--resume`, each method's stored turns are replayed from their stored outputs
+one record per method, decoded or skipped with its reason. Each decode is kept as it came (`Decode`: the context
+and the engine's `TurnResult`); once all methods have decoded a turn, each row is built once from it, paired with
+`ar`'s decode (`Decode.row`), and the turn is persisted (`store.RunStore.write_turn`), so an interrupted run resumes
+at the next turn. On `--resume`, each method's stored turns are replayed from their stored outputs
 (`MethodReplay.replay_stored`) and only the missing (method, turn) decodes run; `ar` decodes again where another
 method needs its pairing, without being rewritten. Each decoded turn is stored with its span labels
 (`spans.label_turn`: kind and copy length per emitted token, from the context and output ids in memory).
@@ -19,19 +20,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from evalsuite import contention, metrics, resume
+from evalsuite import contention, degenerate, metrics, resume
 from evalsuite.config import RunConfig, environment
 from evalsuite.conventions import BASELINE, CONTENDED_CORES, RUN_CONVENTIONS, SKIPPED
 from evalsuite.engines import make_engine
 from evalsuite.engines.base import Engine
 from evalsuite.errors import UserError
-from evalsuite.records import TurnKey, TurnRecord, step_records, turn_record
-from evalsuite.replay import ContextPolicy, MethodReplay, Window, check_replay_mode, make_policy
+from evalsuite.records import TurnKey, TurnRecord, TurnResult, step_records, turn_record
+from evalsuite.replay import ContextPolicy, MethodReplay, ReplaySetup, TurnContext, Window, make_policy, replay_type
 from evalsuite.spans import SPANS_SCHEMA, SPANS_TABLE, label_turn, span_rows
 from evalsuite.store import RunStore, read_run
 from evalsuite.tasks.base import LoadOptions, Trajectory, get_task, replay_source, select_samples
-from evalsuite.chat import template_features
-from evalsuite.tools.bfcl_loop import CLOSED, NATIVE, closed_replays, describe_closed_loop, resolve_tool_format
 
 WARMUP_PROMPT = [{"role": "user", "content": "Warmup."}]
 
@@ -53,6 +52,43 @@ class Progress:
     step: Callable[[int], None] = lambda tokens: None
 
 
+@dataclass(frozen=True)
+class Decode:
+    """One method's decode of one turn: its context, what the engine returned (`result`; None for a recorded skip)
+    and what was known around it. Its row (`row`) is built once the turn is complete: when `ar`'s decode of it (the
+    pairing) and whether the trajectory goes on are known."""
+
+    key: TurnKey
+    context: TurnContext
+    position: int  # in the turn's seed-shuffled order of methods
+    engine: str
+    worker_host: str
+    worker_device: str
+    repo: str = ""
+    result: TurnResult | None = None
+    cpu_others: float | None = None  # cores other processes kept busy during the decode (None: unknown)
+    degenerate: tuple[bool, str] = (False, "")  # degenerate.flag_reply against the method's earlier replies
+
+    def row(self, baseline: Decode | None, last: bool) -> TurnRecord:
+        """The turn's row: paired with `baseline` (`ar`'s decode of the turn) where both were decoded."""
+        context, result = self.context, self.result
+        ar = baseline.result if baseline is not None and result is not None else None
+        steps = result.steps if result is not None else []
+        return turn_record(
+            self.key, result, replay=context.label, context_len=context.context_len,
+            prompt_tokens=context.context_len, dropped_tokens=context.dropped_tokens,
+            dropped_messages=context.dropped_messages, skip_reason=context.skip_reason, pairing=context.pairing,
+            context_point=context.context_point, position=self.position, engine=self.engine,
+            worker_host=self.worker_host, worker_device=self.worker_device, repo=self.repo, last=last,
+            tau=metrics.tau_of([s.num_accepted for s in steps], [s.budget_limited for s in steps]),
+            cpu_others=float("nan") if self.cpu_others is None else self.cpu_others,
+            contended=self.cpu_others is not None and self.cpu_others >= CONTENDED_CORES,
+            degenerate=self.degenerate[0], degenerate_reason=self.degenerate[1],
+            **metrics.turn_pairing(None if ar is None else (ar.decode_s, len(ar.output_ids)),
+                             result.decode_s if result is not None else 0.0,
+                             len(result.output_ids) if result is not None else 0))
+
+
 class Runner:
     def __init__(self, config: RunConfig, out_dir: Path, engine: Engine | None = None):
         config.validate()
@@ -61,7 +97,8 @@ class Runner:
         self.task = get_task(config.task)
         self.engine = engine or make_engine(config, out_dir)
         self.methods = config.recorded_methods  # `ar` first: it runs for pairing, and is recorded whenever it runs
-        self.replay = config.replay if config.replay != "auto" else self.task.default_replay
+        self.replay_mode = config.replay if config.replay != "auto" else self.task.default_replay
+        self.replay_type = replay_type(self.replay_mode)  # the mode's class: it builds each trajectory's replays
         self.run_id = Path(out_dir).name
         self.worker_host = socket.gethostname()  # recorded on every turn row; a Ray worker sets its own
         self.worker_device = ""  # the engine's device unless set (a Ray worker names its physical GPU)
@@ -81,10 +118,7 @@ class Runner:
             self.trajectories = select_samples(self.trajectories, self.config.sample_ids, self.config.task)
         if not self.trajectories:
             raise UserError(f"task {self.config.task}: no samples to run")
-        check_replay_mode(self.config.replay, self.trajectories, self.config.task)
-        if self.config.context_points and self.replay == "free" and any(len(t.turns) > 1 for t in self.trajectories):
-            raise UserError(f"--context-points: task {self.config.task} replays the model's own replies (free), but "
-                            "the turns between points are not decoded; use --replay logged")
+        self.replay_type.check_data(self.config, self.trajectories)
         self.contention = contention.snapshot()  # before loading: what else keeps the CPU busy
         self.threads_requested = self.config.threads
         threads = contention.resolve_threads(self.config.threads, self.contention)
@@ -99,9 +133,7 @@ class Runner:
                 threads = self.threads_choice["chosen"]
         self.config = replace(self.config, threads=threads)
         self.chat = self.engine.chat
-        if self.replay == CLOSED:  # auto: native where the template takes tools (recorded resolved: a drift field)
-            self.config = replace(self.config, tool_format=resolve_tool_format(self.config.tool_format,
-                                                                               self.chat.chat_template))
+        self.config = self.replay_type.configure(self.config, self.chat.chat_template)
         self.worker_device = self.worker_device or self.engine.device_label
         self.policy = make_policy(self.config.context_policy,
                                   Window(self.chat.max_context, self.config.max_new_tokens, self.config.k))
@@ -122,10 +154,10 @@ class Runner:
             **self.config.as_dict(),
             "run_id": self.run_id,
             "engine": self.engine.name,
-            "replay": self.replay,
-            "replay_source": replay_source(self.trajectories, self.replay),
+            "replay": self.replay_mode,
+            "replay_source": replay_source(self.trajectories, self.replay_mode),
             **engine,
-            **self._replay_notes(),
+            **self.replay_type.describe(self.config, self.chat.chat_template),
             "task_licence": self.task.licence,
             "task_source": self.task.source,
             "sample_ids": [t.sample_id for t in self.trajectories],
@@ -198,68 +230,62 @@ class Runner:
             wanted = [m for m in methods if replays[m].has_turn(turn) and turn not in stored[m]]
             ar_has_turn = BASELINE in replays and replays[BASELINE].has_turn(turn)  # its own loop may end first
             decode = set(metrics.with_baseline(wanted) if ar_has_turn else wanted)
-            records, steps, decoded = {}, {}, {}
+            decodes: dict[str, Decode] = {}
             for position, name in enumerate(m for m in self.turn_order(sample, turn) if m in decode):
-                context = replays[name].context(turn)
-                records[name], steps[name], reply = self._decode(trajectory, turn, name, context, position,
-                                                                 earlier[name], progress)
+                done = decodes[name] = self._decode(trajectory, turn, name, replays[name].context(turn), position,
+                                                    earlier[name], progress)
+                reply = None if done.result is None else list(done.result.output_ids)
                 replays[name].record_reply(turn, None if reply is None else self.chat.decode(reply))
                 if reply is not None:
-                    earlier[name].append((turn, list(reply)))
-                    decoded[name] = (context.ids, reply)
+                    earlier[name].append((turn, reply))
             for name in methods:
                 if name not in decode and replays[name].has_turn(turn):  # stored: continue from the stored reply
                     row = stored[name].get(turn)
                     replays[name].replay_stored(turn, self._stored_text(row))
                     if row is not None and row.output_ids is not None:
                         earlier[name].append((turn, list(row.output_ids)))
-            kept = [metrics.pair_turns(records)[m] for m in wanted]
-            for record in kept:
-                record.last = not replays[record.method].has_turn(turn + 1)
-            self._store_turn(sample, turn, kept, steps, decoded, replays, progress)
+            baseline = decodes.get(BASELINE)
+            self._store_turn(sample, turn, [decodes[m] for m in wanted], baseline, replays, progress)
             turn += 1
 
-    def _decode(self, trajectory: Trajectory, turn: int, name: str, context, position: int,
-                earlier: list[tuple[int, list[int]]], progress: Progress):
-        """One method's decode of one turn, metered for contention: (its row, its step rows, its output ids), or
-        a recorded skip (row, [], None)."""
-        key = TurnKey(self.run_id, name, self.config.task, trajectory.sample_id, turn)
-        common = dict(replay=context.replay, context_len=context.context_len, dropped_tokens=context.dropped_tokens,
-                      dropped_messages=context.dropped_messages, position=position, engine=self.engine.name,
-                      worker_host=self.worker_host, worker_device=self.worker_device, last=False,
-                      repo=str(trajectory.meta.get("repo") or ""), pairing=context.pairing,
-                      context_point=context.context_point)
-        if context.skipped:
-            return turn_record(key, **common, skip_reason=context.skip_reason), [], None
-        budget, stepped = self.config.max_new_tokens * self.config.repeats, [0]
+    def _decode(self, trajectory: Trajectory, turn: int, name: str, context: TurnContext, position: int,
+                earlier: list[tuple[int, list[int]]], progress: Progress) -> Decode:
+        """One method's decode of one turn, metered for contention, or a recorded skip."""
+        result, others, flag = None, None, (False, "")
+        if not context.skipped:
+            budget, stepped = self.config.max_new_tokens * self.config.repeats, [0]
 
-        def on_step(tokens: int) -> None:
-            stepped[0] += tokens
-            progress.step(tokens)
+            def on_step(tokens: int) -> None:
+                stepped[0] += tokens
+                progress.step(tokens)
 
-        meter = contention.Meter()
-        meter.start()
-        result = self.engine.decode(name, context.ids, turn_seed(self.config.seed, trajectory.sample_id, turn),
-                                    on_step)
-        others = meter.stop()
-        progress.step(max(budget - stepped[0], 0))  # the rest of this decode's budget
-        record = turn_record(key, **common, result=result, cpu_others=others, earlier=earlier,
-                             contended=others is not None and others >= CONTENDED_CORES)
-        return record, step_records(key, result, self.engine.name), list(result.output_ids)
+            meter = contention.Meter()
+            meter.start()
+            result = self.engine.decode(name, context.ids, turn_seed(self.config.seed, trajectory.sample_id, turn),
+                                        on_step)
+            others = meter.stop()
+            progress.step(max(budget - stepped[0], 0))  # the rest of this decode's budget
+            flag = degenerate.flag_reply(result.output_ids, earlier)
+        return Decode(TurnKey(self.run_id, name, self.config.task, trajectory.sample_id, turn), context, position,
+                      self.engine.name, self.worker_host, self.worker_device, str(trajectory.meta.get("repo") or ""),
+                      result, others, flag)
 
-    def _store_turn(self, sample: str, turn: int, kept: list[TurnRecord], steps: dict, decoded: dict, replays,
+    def _store_turn(self, sample: str, turn: int, decodes: list[Decode], baseline: Decode | None, replays,
                     progress: Progress) -> None:
-        """Persist one turn's rows (steps, spans and any replay's own table with them), then report progress."""
-        if not kept:
+        """Build the turn's rows (each method's decode paired with `ar`'s; `last` once its replay says the trajectory
+        ends), persist them with their steps, spans and any replay's own table, then report progress."""
+        if not decodes:
             return
-        methods = [r.method for r in kept]
+        kept = [d.row(baseline, last=not replays[d.key.method].has_turn(turn + 1)) for d in decodes]
+        steps = {d.key.method: step_records(d.key, d.result, d.engine) for d in decodes if d.result is not None}
         extra = self._extra_rows(replays, kept)
-        spans = self._span_rows(sample, turn, {m: decoded[m] for m in methods if m in decoded})
+        spans = self._span_rows(sample, turn, {d.key.method: (d.context.ids, d.result.output_ids)
+                                               for d in decodes if d.result is not None})
         if spans:
             extra[SPANS_TABLE] = (spans, SPANS_SCHEMA)
-        self.store.write_turn(sample, turn, [s for m in methods for s in steps.get(m, [])], kept, extra)
+        self.store.write_turn(sample, turn, [s for d in decodes for s in steps.get(d.key.method, [])], kept, extra)
         for record in (r for r in kept if r.stop_reason != SKIPPED):
-            mine = steps.get(record.method, [])
+            mine = steps[record.method]
             progress.update({"method": record.method, "sample": sample, "turn": turn, "tau": record.tau,
                              "tau_sums": metrics.tau_sums([s.num_accepted for s in mine],
                                                           [s.budget_limited for s in mine]),
@@ -275,21 +301,10 @@ class Runner:
 
     # ---- pieces ----------------------------------------------------------------------------------------------
     def replays(self, trajectory: Trajectory, methods: tuple[str, ...]) -> dict[str, MethodReplay]:
-        """Each method's replay of `trajectory` as this run makes it (replay mode, context points, closed loop)."""
-        if self.replay == CLOSED:
-            return closed_replays(trajectory, methods, self.policy, self._render, self.config.temperature,
-                                  self.config.max_turns, tool_format=self.config.tool_format)
-        return {name: MethodReplay(trajectory, self.replay, self.policy, self._render(trajectory),
-                                   self.config.max_turns, self.config.context_points) for name in methods}
-
-    def _replay_notes(self) -> dict:
-        if self.replay != CLOSED:
-            return {}
-        rendering = ""
-        if self.config.tool_format == NATIVE and not template_features(self.chat.chat_template or "")["tools"]:
-            rendering = ("this chat template takes no tools: they, the calls and the results are rendered as text in "
-                         "the Hermes convention, evalsuite/chat.py")
-        return describe_closed_loop(self.config.temperature, self.config.tool_format, rendering=rendering)
+        """Each method's replay of `trajectory` as this run makes it (its replay mode, context policy and points)."""
+        setup = ReplaySetup(self.policy, self._render, self.config.max_turns, self.config.context_points,
+                            self.config.task, self.config.temperature, self.config.tool_format)
+        return self.replay_type.for_trajectory(trajectory, methods, setup)
 
     @staticmethod
     def _extra_rows(replays: dict[str, MethodReplay], kept: list[TurnRecord]) -> dict:

@@ -15,8 +15,9 @@ from evalsuite.errors import UserError
 from evalsuite.tasks import LoadOptions, get_task
 
 pytest.importorskip("bfcl_eval.eval_checker.multi_turn_eval.func_source_code.gorilla_file_system")
-from evalsuite.tools.bfcl_loop import Backends, Call, ClosedLoop, closed_trajectory, parse_calls, \
-    require_bfcl  # noqa: E402
+from evalsuite.tasks.bfcl_v3.backends import Backends, require_bfcl  # noqa: E402
+from evalsuite.tasks.bfcl_v3.calls import Call, parse_calls  # noqa: E402
+from evalsuite.tasks.bfcl_v3.environment import BfclEnvironment, closed_trajectory  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -91,19 +92,19 @@ def test_execution_errors_are_observations(bfcl):
 
 # ---- the loop -------------------------------------------------------------------------------------------------
 def test_planted_replies_run_against_the_real_backend_and_their_results_come_back(bfcl):
-    loop = ClosedLoop()
-    loop.start(bfcl["multi_turn_base_0"])
-    loop.begin_turn(0)
-    first = loop.after_reply("[cd(folder='document'), mkdir(dir_name='temp'), "
-                             "mv(source='final_report.pdf', destination='temp')]")
+    environment = BfclEnvironment(bfcl["multi_turn_base_0"])
+    environment.begin_turn(0)
+    first = environment.step("[cd(folder='document'), mkdir(dir_name='temp'), "
+                             "mv(source='final_report.pdf', destination='temp')]").messages
     assert [m["role"] for m in first] == ["tool"] * 3
     assert [m["name"] for m in first] == ["cd(folder='document')", "mkdir(dir_name='temp')",
                                           "mv(source='final_report.pdf', destination='temp')"]
     assert json.loads(first[2]["content"]) == {"result": "'final_report.pdf' moved to 'temp/final_report.pdf'"}
-    second = loop.after_reply("[cd(folder='temp'), ls()]")  # the state changed: the file is in temp now
+    second = environment.step("[cd(folder='temp'), ls()]").messages  # the state changed: the file is in temp now
     assert json.loads(second[1]["content"]) == {"current_directory_content": ["final_report.pdf"]}
-    assert loop.after_reply("The report is in temp now.") is None and loop.turn_over
-    log = loop.current
+    last = environment.step("The report is in temp now.")
+    assert last.messages == [] and last.stop == "no_calls" and environment.turn_over
+    log = environment.current
     assert (log.turn, log.stop, len(log.steps), log.calls, log.errors) == (0, "no_calls", 3, 5, 0)
     assert log.steps[0].result_bytes == [len(m["content"].encode()) for m in first]
     assert log.result_bytes == sum(len(m["content"].encode()) for m in first + second) > 0
@@ -111,33 +112,32 @@ def test_planted_replies_run_against_the_real_backend_and_their_results_come_bac
 
 
 def test_a_malformed_call_is_an_error_observation_and_the_loop_goes_on(bfcl):
-    loop = ClosedLoop()
-    loop.start(bfcl["multi_turn_base_0"])
-    loop.begin_turn(0)
-    observation = loop.after_reply("[cd(folder=document)]")
+    environment = BfclEnvironment(bfcl["multi_turn_base_0"])
+    environment.begin_turn(0)
+    outcome = environment.step("[cd(folder=document)]")
+    observation = outcome.messages
     assert len(observation) == 1 and observation[0]["role"] == "tool"
     assert "could not be parsed" in observation[0]["content"] and "not a literal" in observation[0]["content"]
-    assert not loop.turn_over
-    failing = loop.after_reply("[cat(file_name='nope.txt'), cd()]")
+    assert outcome.stop == "" and not environment.turn_over
+    failing = environment.step("[cat(file_name='nope.txt'), cd()]").messages
     assert json.loads(failing[0]["content"]) == {"error": "cat: 'nope.txt': No such file or directory"}
     assert failing[1]["content"].startswith("Error during execution:") and "folder" in failing[1]["content"]
-    assert loop.after_reply("done") is None
-    steps = loop.current.steps
+    assert environment.step("done").stop == "no_calls"
+    steps = environment.current.steps
     assert steps[0].parse_error and steps[0].calls == []
     assert steps[1].errors[0] == "cat: 'nope.txt': No such file or directory" and "folder" in steps[1].errors[1]
-    assert loop.current.errors == 3 and loop.current.stop == "no_calls"
+    assert environment.current.errors == 3 and environment.current.stop == "no_calls"
 
 
 def test_the_step_limit_ends_the_user_turn_with_the_last_results(bfcl):
-    loop = ClosedLoop(step_limit=2)
-    loop.start(bfcl["multi_turn_base_1"])
-    loop.begin_turn(0)
-    assert loop.after_reply("[pwd()]") and not loop.turn_over
-    last = loop.after_reply("[cd(folder='workspace'), ls(a=True)]")
-    assert last and ".hidden_file" in last[1]["content"] and loop.turn_over
-    assert loop.current.stop == "step_limit"
+    environment = BfclEnvironment(bfcl["multi_turn_base_1"], step_limit=2)
+    environment.begin_turn(0)
+    assert environment.step("[pwd()]").messages and not environment.turn_over
+    last = environment.step("[cd(folder='workspace'), ls(a=True)]")
+    assert ".hidden_file" in last.messages[1]["content"] and environment.turn_over
+    assert last.stop == environment.current.stop == "step_limit"
     with pytest.raises(RuntimeError):
-        loop.after_reply("[pwd()]")
+        environment.step("[pwd()]")
 
 
 def test_closed_trajectory_uses_bfcls_prompt_and_drops_logged_replies(bfcl):
@@ -171,11 +171,10 @@ def test_closed_replay_is_refused_off_bfcl():
 
 def test_no_model_code_is_executed(bfcl, tmp_path):
     marker = tmp_path / "pwned"
-    loop = ClosedLoop()
-    loop.start(bfcl["multi_turn_base_0"])
-    loop.begin_turn(0)
+    environment = BfclEnvironment(bfcl["multi_turn_base_0"])
+    environment.begin_turn(0)
     for reply in (f"[__import__('os').system('touch {marker}')]", f"[open('{marker}', 'w')]",
                   f"[exec(\"open('{marker}', 'w')\")]", f"[eval(\"open('{marker}', 'w')\")]"):
-        loop.after_reply(reply)
+        environment.step(reply)
     assert not Path(marker).exists()
-    assert loop.current.errors == 4
+    assert environment.current.errors == 4

@@ -22,9 +22,9 @@ from evalsuite.tasks import LoadOptions, get_task
 from evalsuite.testing import build_tiny_target
 
 pytest.importorskip("bfcl_eval.eval_checker.multi_turn_eval.func_source_code.gorilla_file_system")
-from evalsuite.tools.bfcl_loop import (NATIVE, PROMPT, ClosedLoop, closed_replays, closed_trajectory,  # noqa: E402
-                                       read_tool_calls, resolve_tool_format)
-from evalsuite.tools.native_calls import ToolIndex, parse_native  # noqa: E402
+from evalsuite.replay.closed import NATIVE, PROMPT, closed_replays, read_tool_calls, resolve_tool_format  # noqa: E402
+from evalsuite.tasks.bfcl_v3.environment import BfclEnvironment  # noqa: E402
+from evalsuite.tasks.bfcl_v3.native_calls import ToolIndex, parse_native  # noqa: E402
 from tests.test_closed_loop import PlantedEngine, closed_config, small_bfcl  # noqa: E402
 
 TOOLS_TEMPLATE = (
@@ -237,7 +237,7 @@ def _drive(trajectory, replies_per_turn: list[list[str]]):
     """A closed loop without a model: the planted replies of each user turn, then a closing reply."""
     policy = make_policy("stop", Window(1 << 20, 8, 3))
     replay = closed_replays(trajectory, ("ar",), policy, lambda t: (lambda messages: [0]), 0.0,
-                            tool_format=NATIVE)["ar"]
+                            environment=lambda t: BfclEnvironment(t, NATIVE))["ar"]
     index = 0
     for replies in replies_per_turn:
         for text in replies + ["Done."]:
@@ -290,7 +290,7 @@ def test_a_turn_without_calls_and_an_early_end_are_unsolved(entry):
     assert row["solved"] is False and "empty_turn_model_response (user turn 1)" in row["check"]
     policy = make_policy("stop", Window(1 << 20, 8, 3))
     replay = closed_replays(entry, ("ar",), policy, lambda t: (lambda m: [0]), 0.0, max_turns=1,
-                            tool_format=NATIVE)["ar"]
+                            environment=lambda t: BfclEnvironment(t, NATIVE))["ar"]
     replay.context(0)
     replay.record_reply(0, _native_reply(entry.turns[0].logged_reply))
     row = replay.turn_extra(0)["tool_calls"][0]
@@ -299,14 +299,13 @@ def test_a_turn_without_calls_and_an_early_end_are_unsolved(entry):
 
 def test_native_loop_never_evaluates_model_text(entry, tmp_path):
     marker = tmp_path / "pwned"
-    loop = ClosedLoop(tool_format=NATIVE)
-    loop.start(closed_trajectory(entry, NATIVE))
-    loop.begin_turn(0)
-    messages = loop.after_reply(call(f"__import__('os').system('touch {marker}')")
-                                + call("cd", folder=f"__import__('os').system('touch {marker}')"))
+    environment = BfclEnvironment(entry, NATIVE)
+    environment.begin_turn(0)
+    outcome = environment.step(call(f"__import__('os').system('touch {marker}')")
+                               + call("cd", folder=f"__import__('os').system('touch {marker}')"))
     assert not marker.exists()
-    assert "not one of the provided functions" in messages[0]["content"]
-    assert loop.current.steps[0].executed == [False, True]  # a string argument is only ever a string
+    assert "not one of the provided functions" in outcome.messages[0]["content"]
+    assert outcome.log.executed == [False, True]  # a string argument is only ever a string
 
 
 # ---- the report -----------------------------------------------------------------------------------------------

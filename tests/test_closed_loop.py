@@ -29,7 +29,8 @@ from evalsuite.tasks.base import DATA_DIR
 from evalsuite.testing import build_tiny_target
 
 pytest.importorskip("bfcl_eval.eval_checker.multi_turn_eval.func_source_code.gorilla_file_system")
-from evalsuite.tools.bfcl_loop import closed_replays, read_tool_calls  # noqa: E402
+from evalsuite.replay.closed import closed_replays, read_tool_calls  # noqa: E402
+from evalsuite.tasks.bfcl_v3.environment import BfclEnvironment  # noqa: E402
 
 FUNCTIONS = ("cd", "ls", "mkdir", "mv", "pwd")
 MOVE = "[cd(folder='document'), mkdir(dir_name='temp'), mv(source='final_report.pdf', destination='temp')]"
@@ -241,7 +242,7 @@ def session_parts(target_dir, bfcl_dir):
 
 def test_a_mismatch_with_ar_is_recorded_and_the_loop_follows_ar(session_parts):
     trajectory, policy, render_for, chat = session_parts
-    replays = closed_replays(trajectory, ("ar", "ngram"), policy, render_for, 0.0)
+    replays = closed_replays(trajectory, ("ar", "ngram"), policy, render_for, 0.0, environment=BfclEnvironment)
     ar, ngram = replays["ar"], replays["ngram"]
     assert ar.has_turn(0) and not ar.has_turn(1)
     assert ngram.context(0) is ar.context(0)
@@ -256,7 +257,7 @@ def test_a_mismatch_with_ar_is_recorded_and_the_loop_follows_ar(session_parts):
 
 def test_a_skipped_decode_leaves_one_skipped_turn_per_remaining_user_turn(session_parts):
     trajectory, policy, render_for, _ = session_parts
-    replay = closed_replays(trajectory, ("ar",), policy, render_for, 0.0)["ar"]
+    replay = closed_replays(trajectory, ("ar",), policy, render_for, 0.0, environment=BfclEnvironment)["ar"]
     replay.context(0)
     replay.record_reply(0, "[pwd()]")
     replay.context(1)
@@ -274,7 +275,8 @@ def test_a_skipped_decode_leaves_one_skipped_turn_per_remaining_user_turn(sessio
 
 def test_the_step_limit_ends_the_user_turn(session_parts):
     trajectory, policy, render_for, _ = session_parts
-    replay = closed_replays(trajectory, ("ar",), policy, render_for, 0.0, step_limit=2)["ar"]
+    replay = closed_replays(trajectory, ("ar",), policy, render_for, 0.0,
+                            environment=lambda t: BfclEnvironment(t, step_limit=2))["ar"]
     for index in range(2):
         replay.context(index)
         replay.record_reply(index, "[pwd()]")

@@ -8,7 +8,8 @@ import pytest
 
 from evalsuite.chat import fit_to_template
 from evalsuite.errors import UserError
-from evalsuite.replay import MethodReplay, Window, check_replay_mode, make_policy, split_for_truncation
+from evalsuite.replay import (FreeReplay, LoggedReplay, MethodReplay, Window, check_replay_mode, make_policy,
+                              replay_type, split_for_truncation)
 from evalsuite.testing import byte_tokenizer
 from evalsuite.tasks.base import Trajectory, Turn
 
@@ -149,32 +150,32 @@ def replay_all(replay: MethodReplay, skip: set[int] = frozenset()):
 
 
 def test_logged_replay_without_a_logged_reply_says_where_the_history_came_from():
-    contexts = replay_all(MethodReplay(conversation(with_middle_reply=False), "logged", roomy(), render))
-    assert [c.replay for c in contexts] == ["logged", "logged", "mixed", "mixed"]
+    contexts = replay_all(LoggedReplay(conversation(with_middle_reply=False), roomy(), render))
+    assert [c.label for c in contexts] == ["logged", "logged", "mixed", "mixed"]
     assert "model 1" in text(contexts[2].ids) and "logged one" in text(contexts[2].ids)
     only_model = Trajectory("t", [Turn([{"role": "user", "content": "a"}]), Turn([{"role": "user", "content": "b"}])])
-    assert [c.replay for c in replay_all(MethodReplay(only_model, "logged", roomy(), render))] == ["logged", "free"]
-    free = replay_all(MethodReplay(conversation(), "free", roomy(), render))
-    assert [c.replay for c in free] == ["free"] * 4 and "logged" not in text(free[3].ids)
+    assert [c.label for c in replay_all(LoggedReplay(only_model, roomy(), render))] == ["logged", "free"]
+    free = replay_all(FreeReplay(conversation(), roomy(), render))
+    assert [c.label for c in free] == ["free"] * 4 and "logged" not in text(free[3].ids)
 
 
 def test_a_skipped_turn_without_a_reply_to_stand_in_ends_the_history_with_a_reason():
-    logged = replay_all(MethodReplay(conversation(), "logged", roomy(), render), skip={1})
+    logged = replay_all(LoggedReplay(conversation(), roomy(), render), skip={1})
     assert [c.skipped for c in logged] == [False, False, False, False]  # the logged reply stands in
     assert "logged two" in text(logged[2].ids)
-    free = replay_all(MethodReplay(conversation(), "free", roomy(), render), skip={1})
+    free = replay_all(FreeReplay(conversation(), roomy(), render), skip={1})
     assert [c.skipped for c in free] == [False, False, True, True]
     assert free[2].skip_reason == ("turn 1 was skipped and produced no reply (free replay), so this turn has no "
                                    "history to continue from")
-    gap = replay_all(MethodReplay(conversation(with_middle_reply=False), "logged", roomy(), render), skip={1})
+    gap = replay_all(LoggedReplay(conversation(with_middle_reply=False), roomy(), render), skip={1})
     assert gap[3].skip_reason.startswith("turn 1 was skipped and has no logged reply")
 
 
 @pytest.mark.parametrize("mode", ["logged", "free"])
 def test_raw_turns_ignore_the_history(mode):
     trajectory = Trajectory("r", [Turn([], prompt_ids=[5, 6, 7]), Turn([], prompt_ids=[5, 6, 7, 8])])
-    contexts = replay_all(MethodReplay(trajectory, mode, roomy(), render))
-    assert [(c.replay, c.ids) for c in contexts] == [("raw", [5, 6, 7]), ("raw", [5, 6, 7, 8])]
+    contexts = replay_all(replay_type(mode)(trajectory, roomy(), render))
+    assert [(c.label, c.ids) for c in contexts] == [("raw", [5, 6, 7]), ("raw", [5, 6, 7, 8])]
 
 
 def test_explicit_logged_replay_on_data_without_logged_replies_is_refused():

@@ -7,8 +7,10 @@ from __future__ import annotations
 import numpy as np
 
 from evalsuite import degenerate
-from evalsuite.records import TurnKey, TurnResult, turn_record
+from evalsuite.records import TurnKey, TurnResult
+from evalsuite.replay import TurnContext
 from evalsuite.report import decisions
+from evalsuite.runner import Decode
 from tests.helpers import frames, steps_with_tau, turn_row
 
 
@@ -57,15 +59,20 @@ def test_thresholds_and_helpers():
 
 def test_the_runner_record_carries_the_flag_from_the_earlier_replies():
     key = TurnKey("r", "ngram", "mt-bench", "s0", 1)
-    common = dict(replay="free", context_len=10, dropped_tokens=0, dropped_messages=0, position=0, engine="hf",
-                  worker_host="", worker_device="", last=False)
     first = list(range(100, 164))
-    record = turn_record(key, **common, result=TurnResult(output_ids=first[:50]), earlier=[(0, first)])
+
+    def row(earlier, skip=""):  # as Runner._decode flags a decoded reply against the method's earlier ones
+        context = TurnContext("free", list(range(10)), skip_reason=skip)
+        result = None if skip else TurnResult(output_ids=first[:50])
+        flag = degenerate.flag_reply(result.output_ids, earlier) if result else (False, "")
+        return Decode(key, context, 0, "hf", "", "", result=result, degenerate=flag).row(None, last=False)
+
+    record = row([(0, first)])
     assert record.degenerate and record.degenerate_reason == "copies 50 tokens of turn 0's reply"
-    fresh = turn_record(key, **common, result=TurnResult(output_ids=first[:50]))
+    fresh = row([])
     assert not fresh.degenerate and fresh.degenerate_reason == ""
-    skipped = turn_record(key, **common, skip_reason="too long")
-    assert not skipped.degenerate
+    skipped = row([(0, first)], skip="too long")
+    assert not skipped.degenerate and skipped.stop_reason == "skipped" and skipped.skip_reason == "too long"
 
 
 def test_stored_flags_are_kept_and_missing_ones_computed():

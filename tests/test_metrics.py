@@ -47,19 +47,14 @@ def test_ar_is_decoded_beside_every_other_method():
     assert metrics.with_baseline(m for m in ("suffix",)) == ["suffix", "ar"]
 
 
-def test_pairing_is_a_pure_function_of_one_turn_s_records():
-    records = {"ar": record("ar", 2.0, 10), "dlite": record("dlite", 1.0, 10), "ngram": record("ngram", 0.0, 0),
-               "gone": record("gone", 0.0, 0, SKIPPED)}
-    paired = metrics.pair_turns(records)
-    assert records["dlite"].ar_decode_s == 0.0  # the inputs are not changed
-    assert paired["dlite"].ar_decode_s == 2.0 and paired["dlite"].ar_new_tokens == 10
-    assert paired["dlite"].speedup_turn == pytest.approx(2.0) and paired["ar"].speedup_turn == pytest.approx(1.0)
-    assert paired["ngram"].speedup_turn != paired["ngram"].speedup_turn  # no tokens: NaN, not a division error
-    assert paired["gone"] == records["gone"]
-    alone = metrics.pair_turns({"dlite": record("dlite", 1.0, 10)})  # no baseline: nothing to pair with
-    assert alone["dlite"].ar_decode_s == 0.0
-    skipped_ar = metrics.pair_turns({"ar": replace(records["ar"], stop_reason=SKIPPED), "dlite": records["dlite"]})
-    assert skipped_ar["dlite"].ar_decode_s == 0.0
+def test_pairing_is_one_function_of_a_turn_s_two_decodes():
+    paired = metrics.turn_pairing((2.0, 10), 1.0, 10)
+    assert paired == {"ar_decode_s": 2.0, "ar_new_tokens": 10, "speedup_turn": pytest.approx(2.0)}
+    assert metrics.turn_pairing((2.0, 10), 2.0, 10)["speedup_turn"] == pytest.approx(1.0)
+    empty = metrics.turn_pairing((2.0, 10), 0.0, 0)["speedup_turn"]
+    assert empty != empty  # no tokens: NaN, not a division error
+    alone = metrics.turn_pairing(None, 1.0, 10)  # no baseline decode of the turn: nothing to pair with
+    assert alone["ar_decode_s"] == 0.0 and alone["ar_new_tokens"] == 0 and alone["speedup_turn"] != alone["speedup_turn"]
 
 
 def test_speedup_is_pooled_over_turns_not_a_mean_of_ratios():

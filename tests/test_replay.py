@@ -51,7 +51,7 @@ def run(target_dir: Path, out: Path, capture: list | None = None, **overrides) -
 def test_logged_replay_context_is_the_logged_prefix(long_target_dir, tmp_path):
     seen: list = []
     runner = run(long_target_dir, tmp_path / "logged", seen, data_path=str(SWE_FILE), max_turns=3)
-    assert runner.replay == "logged"  # swebench's default under --replay auto
+    assert runner.replay_mode == "logged"  # swebench's default under --replay auto
     messages = json.loads(SWE_FILE.read_text())["messages"]
     assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"][:3]
     expected = [[{"role": m["role"], "content": m["content"]} for m in messages[:i]] for i in assistants]

@@ -1,7 +1,7 @@
 """The report's closed-loop section (`--replay closed` runs, BFCL-v3): what the live agent loop did, and how
 speculation fares on the contexts it wrote, against the logged replay of the same entries.
 
-Pure pandas over the stored tables: each closed run's `tool_calls.parquet` (evalsuite/tools/bfcl_loop.py) joined
+Pure pandas over the stored tables: each closed run's `tool_calls.parquet` (evalsuite/replay/closed.py) joined
 with its turns (per-turn τ and paired speedup, `metrics.per_turn`) and steps.
 
 - **What the loop did** (per closed run's task column × method): entries, user turns, decodes (loop steps), calls
@@ -50,7 +50,7 @@ def _lists(frame: pd.DataFrame, column: str) -> pd.Series:
 
 def loop_rows(results, run) -> pd.DataFrame:
     """One closed run's tool_calls rows joined with its decoded turns (τ, speedup, context)."""
-    from evalsuite.tools.bfcl_loop import read_tool_calls
+    from evalsuite.replay.closed import read_tool_calls
 
     tools = read_tool_calls(run.path)
     if tools.empty:

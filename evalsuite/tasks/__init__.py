@@ -1,4 +1,5 @@
-"""Task adapters, one module each. Importing this package registers them all."""
+"""Task adapters, one module (or package) each. Importing this package registers them all (and their closed-loop
+environments, `environment.py`)."""
 
 import importlib
 import pkgutil
@@ -6,7 +7,7 @@ import pkgutil
 from evalsuite.tasks.base import TASKS, LoadOptions, TaskInfo, Trajectory, Turn, get_task
 
 for _info in pkgutil.iter_modules(__path__):
-    if _info.name != "base" and not _info.name.startswith("_"):
+    if _info.name not in ("base", "environment") and not _info.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_info.name}")
 
 __all__ = ["TASKS", "LoadOptions", "TaskInfo", "Trajectory", "Turn", "get_task"]

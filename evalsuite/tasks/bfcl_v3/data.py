@@ -12,10 +12,10 @@ function doc's order. The files hold no tool observations (BFCL produces them by
 classes, not bundled), so none are inserted. `long_context` differs from `base` only in those executed
 observations, so without them both replay alike.
 
-`meta` keeps what a closed loop needs to execute the target's own calls (evalsuite/tools/bfcl_loop.py,
-`--replay closed`): `involved_classes`, `initial_config` (each class's initial state), the raw `function_docs` and
-`long_context` (BFCL loads the long-context states for that category), and `ground_truth` (the possible_answer
-call strings per turn, for BFCL's state-based check of the loop's final state, evalsuite/tools/bfcl_check.py).
+`meta` keeps what the closed loop needs to execute the target's own calls (environment.py, `--replay closed`):
+`involved_classes`, `initial_config` (each class's initial state), the raw `function_docs` and `long_context` (BFCL
+loads the long-context states for that category), and `ground_truth` (the possible_answer call strings per turn,
+for BFCL's state-based check of the loop's final state, check.py).
 """
 
 from __future__ import annotations

@@ -11,34 +11,22 @@ among the model's results so far (all turns). An entry whose model ran fewer tur
 `multi_turn_checker` itself executes call strings with `eval`, which is never done here on anything the model
 wrote. `StateCheck` follows the same procedure with the loop's own backends (the model's calls, executed by
 `Backends.execute`, dispatched to the backends' public methods only) and a second set for the ground truth (its
-python-call strings, bundled data, parsed with `ast` literals by `bfcl_loop._python_calls`), and calls bfcl-eval's
+python-call strings, bundled data, parsed with `ast` literals by `calls.python_calls`), and calls bfcl-eval's
 `state_checker` and `response_checker` on them. Its verdict is BFCL's (`valid`, `error_type` as BFCL names them).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
+
+from evalsuite.tasks.bfcl_v3.backends import Backends
+from evalsuite.tasks.bfcl_v3.calls import python_calls
+from evalsuite.tasks.environment import Verdict
 
 CHECKER_MODULE = "bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker"
 
 
-@dataclass
-class Verdict:
-    valid: bool
-    error_type: str = ""  # BFCL's, e.g. multi_turn:instance_state_mismatch
-    message: str = ""
-    turn: int | None = None  # the user turn where the check failed
-
-    def text(self) -> str:
-        if self.valid:
-            return "solved"
-        where = "" if self.turn is None else f" (user turn {self.turn})"
-        return f"{self.error_type}{where}: {self.message}"[:500]
-
-
 def _checkers():
-    import importlib
-
     module = importlib.import_module(CHECKER_MODULE)
     return module.state_checker, module.response_checker
 
@@ -47,8 +35,6 @@ class StateCheck:
     """BFCL's multi-turn check of one entry, fed at the end of each user turn of the loop."""
 
     def __init__(self, meta: dict, ground_truth: list[list[str]]):
-        from evalsuite.tools.bfcl_loop import Backends
-
         self.ground_truth = [list(turn) for turn in ground_truth]
         self.truth = Backends(list(meta["involved_classes"]), meta["initial_config"], bool(meta.get("long_context")))
         self.model_results: list[str] = []  # every executed call's result so far, all turns
@@ -58,8 +44,6 @@ class StateCheck:
     def end_turn(self, turn: int, backends, decoded_calls: int, results: list[str]) -> None:
         """User turn `turn` is over: `backends` hold the model's state after it, `decoded_calls` the calls its
         replies decoded to (executed or refused), `results` the executed calls' results in order."""
-        from evalsuite.tools.bfcl_loop import Call, _python_calls
-
         self.turns_checked = max(self.turns_checked, turn + 1)
         self.model_results.extend(results)
         if self.verdict is not None or turn >= len(self.ground_truth):
@@ -68,11 +52,11 @@ class StateCheck:
         truth_results = []
         for text in truth_calls:
             try:
-                call, = _python_calls(f"[{text}]")
+                call, = python_calls(f"[{text}]")
             except ValueError as err:
                 self.verdict = Verdict(False, "ground_truth_unparsable", f"{text!r:.80}: {err}", turn)
                 return
-            truth_results.append(self.truth.execute(Call(call.name, call.args, call.kwargs))[0])
+            truth_results.append(self.truth.execute(call)[0])
         if not truth_calls:
             return  # BFCL checks nothing after a turn whose ground truth is empty
         if decoded_calls == 0:
