@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+from evalsuite.catalog import SEED, MethodSpec, Option
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Method, Proposal, Sampling
 from evalsuite.methods.checkpoints import (
@@ -39,6 +40,16 @@ from evalsuite.methods.draft_layers import (
     init_random_, materialize, qwen3_config, require,
 )
 from evalsuite.methods.dspark import DeepSpecMethod, build_deepspec, default_feature_layers, random_dspark_layout
+
+
+SPEC = MethodSpec(
+    "dflash", "DFlash: parallel block drafter over a draft KV cache (z-lab b16 or DeepSpec block7 layout)", True,
+    {"layout": Option(str, "random init: zlab | block7", lambda v: v in ("zlab", "block7"), "choose zlab or block7"),
+     "seed": SEED},
+    windowable=True, batched=True,
+    not_in={"vllm": "vLLM's dflash loads DFlashQwen3/Laguna drafters for Qwen3-family targets only, not our "
+                    "DFlashDraftModel checkpoint for a Llama target"})
+
 
 ZLAB_BLOCK = 16
 ZLAB_LAYERS = 5

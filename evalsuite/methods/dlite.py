@@ -37,12 +37,20 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from evalsuite.catalog import SEED, MethodSpec, Option, positive
 from evalsuite.methods.base import Method, DraftState, Proposal, Sampling, tensor_bytes
 from evalsuite.methods.checkpoints import check_fit, drafter_source, load_checkpoint, load_weights
 from evalsuite.methods.draft_layers import (
     DraftBackbone, RMSNorm, next_token, default_layer_config, default_mask_token_id, init_random_,
     materialize, qwen3_config, require, stack_proposal,
 )
+
+
+SPEC = MethodSpec(
+    "dlite", "DLite: history-free block drafter (last token's multi-layer features, RNN head, no KV cache)", True,
+    {"anchor_group_size": Option(int, "random init: anchors per group G (1)", positive, "must be >= 1"), "seed": SEED},
+    batched=True, not_in={"vllm": "vLLM has no DLite drafter"})
+
 
 VERSIONS = ("dlite_v1", "dlite_v2")
 ROLE = "pivot_q_student"
