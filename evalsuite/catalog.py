@@ -103,6 +103,14 @@ class MethodSpec:
         """The method's `build(target, options)`; importing its module (and torch) only now."""
         return importlib.import_module(f"evalsuite.methods.{self.module}").build
 
+    def recognises(self, config: dict) -> bool:
+        """Whether a drafter's config.json is in this learned method's released format: its module's
+        `recognises(config)` (imported now; `methods.checkpoints.detect_method` asks every learned method)."""
+        hook = getattr(importlib.import_module(f"evalsuite.methods.{self.module}"), "recognises", None)
+        if hook is None:
+            raise TypeError(f"evalsuite/methods/{self.module}.py: a learned method defines recognises(config) -> bool")
+        return bool(hook(config))
+
     def parse_options(self, raw: dict, where: str = "") -> dict:
         """`--method-option` values for this method, converted and checked, with a variant's label settings; an
         unknown key, or one that contradicts the label, is a one-line error."""

@@ -164,6 +164,7 @@ def test_every_learned_method_has_its_recipe_and_every_recipe_a_learned_method()
 
     learned = {name for name, spec in METHODS.items() if spec.needs_checkpoint}
     assert set(recipes()) == learned
+    assert not any(METHODS[name].recognises({"architectures": ["Qwen3ForCausalLM"]}) for name in learned)
     with pytest.raises(UserError, match=r"--method ngram: no training recipe for it; choose one of dflash, dlite"):
         recipe_for("ngram")
 

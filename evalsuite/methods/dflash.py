@@ -39,7 +39,9 @@ from evalsuite.methods.draft_layers import (
     ContextCacheMethod, FusedContextBackbone, default_layer_config, default_mask_token_id, evenly_spaced_zlab,
     init_random_, materialize, qwen3_config, require,
 )
-from evalsuite.methods.dspark import DeepSpecMethod, build_deepspec, default_feature_layers, random_dspark_layout
+from evalsuite.methods.dspark import (
+    DeepSpecMethod, build_deepspec, default_feature_layers, has_dspark_heads, random_dspark_layout,
+)
 
 
 SPEC = MethodSpec(
@@ -128,6 +130,20 @@ def build_zlab(target, options: dict, source: str | None) -> ZLabDFlashMethod:
     drafter.checkpoint_path, drafter.checkpoint_hash = str(checkpoint.path), checkpoint.sha256
     drafter.use_window(options.get("window"))
     return drafter
+
+
+def recognises(config: dict) -> bool:
+    """A released DFlash checkpoint (docs/methods.md §3.2): z-lab `DFlashDraftModel` with a nested `dflash_config`
+    (a SpecForge port of another method, by its `projector_type`, is refused), or DeepSpec's `Qwen3DSparkModel`
+    without DSpark's heads (the `*_block7` layout)."""
+    architectures = [str(a) for a in config.get("architectures") or []]
+    if "DFlashDraftModel" in architectures or "dflash_config" in config:
+        projector = (config.get("dflash_config") or {}).get("projector_type")
+        if projector not in (None, "dflash"):
+            raise UserError(f"drafter config: SpecForge '{projector}' ports are not supported; use the official "
+                            "release of that method")
+        return True
+    return "Qwen3DSparkModel" in architectures and not has_dspark_heads(config)
 
 
 def build(target, options: dict) -> Method:

@@ -244,6 +244,11 @@ def build_random(target, options: dict) -> DLiteMethod:
                                                   "mask_token": how})
 
 
+def recognises(config: dict) -> bool:
+    """A released DLite checkpoint: a nested `dlite_config` (docs/methods.md §1.2)."""
+    return "dlite_config" in config
+
+
 def build(target, options: dict) -> Method:
     source = drafter_source("dlite", options, target)
     if source is None:

@@ -283,3 +283,15 @@ def random_dspark_layout(target, markov_rank: int = DEFAULT_MARKOV_RANK) -> Deep
 
 def build(target, options: dict) -> Method:
     return build_deepspec(target, options, "dspark", DeepSpecMethod, random_dspark_layout)
+
+
+def has_dspark_heads(config: dict) -> bool:
+    """A DeepSpec `Qwen3DSparkModel` with a Markov head or a confidence head (without both it is DeepSpec's DFlash
+    baseline, the `*_block7` layout, run by `dflash`)."""
+    return int(config.get("markov_rank", 0) or 0) > 0 or bool(config.get("enable_confidence_head"))
+
+
+def recognises(config: dict) -> bool:
+    """A released DSpark checkpoint: DeepSpec `Qwen3DSparkModel` with its heads (docs/methods.md §4.2)."""
+    return "Qwen3DSparkModel" in (config.get("architectures") or []) and has_dspark_heads(config)
+

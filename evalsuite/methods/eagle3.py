@@ -553,6 +553,12 @@ def random_drafter(target, fmt: str = "deepspec", seed: int = 0, draft_vocab_siz
     return Eagle3Method(model, target, "random-init", "target")
 
 
+def recognises(config: dict) -> bool:
+    """A released EAGLE-3 checkpoint: `LlamaForCausalLMEagle3` (original/SpecForge) or `Qwen3Eagle3Model`
+    (DeepSpec) (docs/methods.md §2)."""
+    return any("Eagle3" in str(a) for a in config.get("architectures") or [])
+
+
 def build(target, options: dict) -> Method:
     source = drafter_source(METHOD, options, target)
     if source is not None:
