@@ -95,7 +95,8 @@ NEW_FILES = {"evalsuite/methods/toy_repeat.py": TOY_METHOD, "evalsuite/engines/t
 
 
 def _files(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    return {str(p.relative_to(root)) for p in root.rglob("*")
+            if p.is_file() and not {"__pycache__", "_bundled"} & set(p.relative_to(root).parts)}
 
 
 @pytest.fixture(scope="module")
