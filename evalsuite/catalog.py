@@ -1,26 +1,42 @@
-"""What methods exist and which settings each takes, without importing any of them (no torch): the CLI and
-`RunConfig.validate` check names and `--method-option` values here in milliseconds; `evalsuite.methods.base.
-get_method` imports a method's module only when it is built.
+"""What methods and engines exist, what each can do and which settings each takes, without importing any of them
+(no torch): the CLI and `RunConfig.validate` check names, capabilities and `--method-option` values here in
+milliseconds; a method's or an engine's module is imported only when it is built.
+
+A plug-in declares itself in its own file, as one module-level statement `SPEC = MethodSpec(...)` (a module of
+`evalsuite/methods/`) or `SPEC = EngineSpec(...)` (a module of `evalsuite/engines/`). The catalog finds every
+such module with `pkgutil` and reads that one statement from its source (`declared`): it is evaluated alone, with
+the names of this module, so it may use literals, lambdas and what this module defines (`Option`, `SEED`,
+`positive`, ...), nothing of its own file. No central list names the plug-ins; a module without `SPEC` (a shared
+helper such as `methods/draft_layers.py`) is not one.
 
 A method *label* `NAME:KEY=VALUE[:KEY=VALUE…]` (e.g. `eagle3:window=2048`) names a variant: method NAME with
 those settings, run and recorded under the label, so that one run can hold a method and its variants side by
 side (`--method eagle3,eagle3:window=2048`). A variant takes its base's `--drafter` and `--method-option`
 settings unless given its own (`RunConfig.validate`); `method_spec` resolves a label and every consumer asks it.
 
-Capabilities are declared here once, per method: `needs_checkpoint` (a learned drafter), `windowable` (a draft
-KV cache over the context, so it takes `window`: docs/methods.md §7), `learns_across_turns`, `repeatable`,
-`not_in_vllm`.
+Capabilities are declared once, on the method's spec: `needs_checkpoint` (a learned drafter, trained by the
+recipe of the same name in `evalsuite/train/recipes/`), `windowable` (a draft KV cache over the context, so it
+takes `window`: docs/methods.md §7), `learns_across_turns`, `repeatable`, `batched` (`evalsuite profile` runs its
+own modules over a batch axis), and `engines` / `not_in` (how an engine with its own speculative decoding, vLLM,
+names it, or why it cannot run it). An engine declares what it supports on its `EngineSpec`; `engine_refusal`
+is the one message for a method an engine cannot run.
 """
 
 from __future__ import annotations
 
+import ast
 import difflib
 import functools
 import importlib
+import pkgutil
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Callable
 
+from evalsuite.conventions import BASELINE
 from evalsuite.errors import UserError
+
+PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 @dataclass(frozen=True)
@@ -31,6 +47,7 @@ class Option:
     help: str
     check: Callable[[object], bool] = lambda value: True
     rule: str = ""  # what `check` requires, for the error message
+    default: object = None  # the method's own default (what an engine that takes the setting by name is given)
 
     def parse(self, method: str, key: str, raw, where: str = "") -> object:
         where = where or f"--method-option {method}.{key}={raw}"
@@ -44,16 +61,31 @@ class Option:
 
 
 @dataclass(frozen=True)
+class Speculative:
+    """How an engine that brings its own speculative decoding (vLLM) runs a method (`MethodSpec.engines`)."""
+
+    method: str | None  # the engine's own name for the method (None: its plain decoding, the `ar` baseline)
+    options: dict[str, str] = field(default_factory=dict)  # our --method-option key → the engine's argument
+    drafter: bool = False  # the engine loads the method's drafter checkpoint (--drafter)
+    needs: str = ""  # what else it needs there, for messages ("arctic-inference in vLLM's venv")
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     name: str
-    module: str  # evalsuite.methods.<module> defines `build(target, options) -> Method`
     summary: str
-    needs_checkpoint: bool = False  # a learned method: loads a drafter (`--drafter`) or the shipped default
+    needs_checkpoint: bool = False  # a learned method: loads a drafter (`--drafter`) or the shipped default, and
+    # `evalsuite train` trains it with the recipe of the same name (evalsuite/train/recipes/)
     options: dict[str, Option] = field(default_factory=dict)
     learns_across_turns: bool = False  # keeps what earlier replies taught it (across turns, in one process)
     repeatable: bool = True  # a turn decoded again does the same work (a learning method can forget the turn)
-    not_in_vllm: str = ""  # why `--engine vllm` cannot run it ("" = vLLM runs it)
     windowable: bool = False  # keeps a draft KV cache over the context: takes `window` (docs/methods.md §7)
+    batched: bool = False  # `evalsuite profile` at batch > 1 runs its own modules over a batch axis (a counterpart
+    # registered with `evalsuite.methods.batched.batches`); False: B sequential copies (host-side work per request)
+    engines: dict[str, Speculative] = field(default_factory=dict)  # engine → how it names and runs this method
+    # (only engines with `EngineSpec.own_methods` read it; every other engine runs every method)
+    not_in: dict[str, str] = field(default_factory=dict)  # engine → why it cannot run this method
+    module: str = ""  # evalsuite.methods.<module> defines `build(target, options) -> Method` (set by `declared`)
     base: str = ""  # a variant (label NAME:KEY=VALUE): the method it runs ("" = this is a method, not a variant)
     presets: dict = field(default_factory=dict)  # a variant's settings from its label, parsed
 
@@ -70,6 +102,14 @@ class MethodSpec:
     def factory(self):
         """The method's `build(target, options)`; importing its module (and torch) only now."""
         return importlib.import_module(f"evalsuite.methods.{self.module}").build
+
+    def recognises(self, config: dict) -> bool:
+        """Whether a drafter's config.json is in this learned method's released format: its module's
+        `recognises(config)` (imported now; `methods.checkpoints.detect_method` asks every learned method)."""
+        hook = getattr(importlib.import_module(f"evalsuite.methods.{self.module}"), "recognises", None)
+        if hook is None:
+            raise TypeError(f"evalsuite/methods/{self.module}.py: a learned method defines recognises(config) -> bool")
+        return bool(hook(config))
 
     def parse_options(self, raw: dict, where: str = "") -> dict:
         """`--method-option` values for this method, converted and checked, with a variant's label settings; an
@@ -92,6 +132,31 @@ class MethodSpec:
         return parsed
 
 
+@dataclass(frozen=True)
+class EngineSpec:
+    """What decodes a turn (`--engine NAME`): its module defines `build(config, run_dir) -> Engine`."""
+
+    name: str
+    summary: str
+    title: str = ""  # its name in sentences ("vLLM"; "" = the name)
+    own_methods: bool = False  # brings its own speculative decoding: runs only the methods that say how it names
+    # them (`MethodSpec.engines`); otherwise it runs every method through `evalsuite.methods`
+    variants: bool = True  # runs method labels and draft windows (evalsuite's own, docs/methods.md §7)
+    repeats: bool = True  # decodes a turn more than once (--repeats > 1)
+    scale_out: bool = True  # runs on Ray workers (--workers, --ray-address)
+    cpu_dtypes: tuple[str, ...] = ()  # the only dtypes it takes on CPU (empty: any)
+    module: str = ""  # evalsuite.engines.<module> (set by `declared`)
+
+    @property
+    def shown(self) -> str:
+        return self.title or self.name
+
+    @property
+    def factory(self):
+        """The engine module's `build(config, run_dir)`; importing it (and, for ours, torch) only now."""
+        return importlib.import_module(f"evalsuite.engines.{self.module}").build
+
+
 SEED = Option(int, "seed of a random-init drafter (--drafter METHOD=random)")
 WINDOW_KEY = "window"
 WINDOW = Option(int, "attend only to the last W positions of the draft KV cache, which then keeps at most W + 64 "
@@ -99,54 +164,57 @@ WINDOW = Option(int, "attend only to the last W positions of the draft KV cache,
                 "must be >= 1 (positions of the draft KV cache)")
 
 
-def _positive(value) -> bool:
+def positive(value) -> bool:
     return value >= 1
 
 
-METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in [
-    MethodSpec("ar", "ar", "no drafting: the target decodes one token per forward (the speedup baseline)"),
-    MethodSpec("ngram", "ngram", "prompt lookup: proposes the continuation of the latest earlier match of the last n "
-               "tokens", options={
-                   "max_ngram": Option(int, "longest n-gram looked up (3)", _positive, "must be >= 1"),
-                   "min_ngram": Option(int, "shortest n-gram looked up (1)", _positive, "must be >= 1")}),
-    MethodSpec("suffix", "suffix", "SuffixDecoding (arctic-inference): suffix trees over the context and over earlier "
-               "replies", options={
-                   "max_depth": Option(int, "tokens matched against the trees (64)", lambda v: v >= 2,
-                                       "must be >= 2"),
-                   "max_spec_factor": Option(float, "draft length per matched token (1.0)", lambda v: v >= 0,
-                                             "must be >= 0"),
-                   "max_spec_offset": Option(float, "draft length offset (0)"),
-                   "min_token_prob": Option(float, "smallest estimated probability followed (0.1)",
-                                            lambda v: 0 <= v <= 1, "must be in [0, 1]"),
-                   "max_cached_requests": Option(int, "replies kept in the global tree (-1 = all)",
-                                                 lambda v: v != 0, "0 would switch the global tree off; use -1 "
-                                                 "for no limit")},
-               learns_across_turns=True),  # and forgets a repeated turn's reply (rewind_turn)
-    MethodSpec("dlite", "dlite", "DLite: history-free block drafter (last token's multi-layer features, RNN head, no "
-               "KV cache)", True, {"anchor_group_size": Option(int, "random init: anchors per group G (1)", _positive,
-                                                                "must be >= 1"), "seed": SEED},
-               not_in_vllm="vLLM has no DLite drafter"),
-    MethodSpec("eagle3", "eagle3", "EAGLE-3: one draft layer over fused target features, draft KV cache, chain "
-               "drafting", True, {
-                   "format": Option(str, "random init: deepspec | specforge layout", lambda v: v in
-                                    ("deepspec", "specforge"), "choose deepspec or specforge"),
-                   "draft_vocab_size": Option(int, "random init: reduced draft vocabulary size", _positive,
-                                              "must be >= 1"),
-                   "seed": SEED}, windowable=True),
-    MethodSpec("dflash", "dflash", "DFlash: parallel block drafter over a draft KV cache (z-lab b16 or DeepSpec "
-               "block7 layout)", True, {"layout": Option(str, "random init: zlab | block7", lambda v: v in
-                                                         ("zlab", "block7"), "choose zlab or block7"),
-                                        "seed": SEED},
-               not_in_vllm="vLLM's dflash loads DFlashQwen3/Laguna drafters for Qwen3-family targets only, not our "
-                           "DFlashDraftModel checkpoint for a Llama target", windowable=True),
-    MethodSpec("dspark", "dspark", "DSpark (DeepSpec): DFlash backbone, every slot predicts, Markov head, confidence "
-               "head", True, {"confidence_threshold": Option(float, "truncate the block at the first slot whose "
-                                                              "confidence is below it (0 = off)",
-                                                              lambda v: 0 <= v <= 1, "must be in [0, 1]"),
-                              "seed": SEED},
-               not_in_vllm="vLLM's dspark is DeepSeek-V4 only and its sparse attention does not run on CPU",
-               windowable=True),
-]}
+SPEC_NAME = "SPEC"
+
+
+def declared(package: str, kind: type) -> dict:
+    """The `SPEC = kind(...)` of every module of `evalsuite/<package>/`, by name, read from the source without
+    importing the module (so without torch). A module without one is not a plug-in; two with one name, or a
+    declaration that uses a name of its own file, is an error naming the file."""
+    found: dict = {}
+    folder = PACKAGE_DIR / package
+    for info in pkgutil.iter_modules([str(folder)]):
+        path = folder / f"{info.name}.py"
+        if info.ispkg or not path.is_file():
+            continue
+        spec = _read_spec(path)
+        if spec is None:
+            continue
+        if not isinstance(spec, kind):
+            raise TypeError(f"{path}: {SPEC_NAME} is a {type(spec).__name__}, not a {kind.__name__}")
+        if spec.name in found:
+            raise ValueError(f"{path}: {kind.__name__} '{spec.name}' is already declared by "
+                             f"evalsuite/{package}/{found[spec.name].module}.py")
+        found[spec.name] = replace(spec, module=info.name)
+    return found
+
+
+def _read_spec(path: Path):
+    source = path.read_text(encoding="utf-8")
+    if SPEC_NAME not in source:
+        return None
+    for node in ast.parse(source, str(path)).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == SPEC_NAME for t in node.targets):
+            code = compile(ast.Expression(node.value), str(path), "eval")
+            try:
+                return eval(code, dict(globals()))  # noqa: S307 (our own package's source)
+            except NameError as err:
+                raise NameError(f"{path}: {SPEC_NAME} may use literals and the names of evalsuite.catalog only "
+                                f"({err})") from None
+    return None
+
+
+def _ordered(specs: dict) -> dict:
+    """The baseline first, then the model-free methods, then the learned ones, each by name."""
+    return dict(sorted(specs.items(), key=lambda item: (item[0] != BASELINE, item[1].needs_checkpoint, item[0])))
+
+
+METHODS: dict[str, MethodSpec] = _ordered(declared("methods", MethodSpec))
+ENGINES: dict[str, EngineSpec] = dict(sorted(declared("engines", EngineSpec).items()))
 
 
 VARIANT_SEPARATOR = ":"  # NAME:KEY=VALUE[:KEY=VALUE…]
@@ -176,6 +244,30 @@ def _variant(label: str) -> MethodSpec:
         raw[key] = value
     presets = {key: spec.parse_options({key: value}, f"--method {label}")[key] for key, value in raw.items()}
     return replace(spec, name=label, base=base, presets=presets)
+
+
+def engine_spec(name: str) -> EngineSpec:
+    """The spec of `--engine NAME`; an unknown name is a one-line error."""
+    if name not in ENGINES:
+        raise UserError(f"--engine {name}: choose from {', '.join(ENGINES)}{suggest(name, ENGINES)}")
+    return ENGINES[name]
+
+
+def engine_refusal(engine: EngineSpec, spec: MethodSpec, options: dict | None = None) -> str:
+    """Why `engine` cannot run the method (or label) of `spec` with these settings, or "": the one message for every
+    consumer (RunConfig.validate, the engine itself)."""
+    if engine.own_methods and engine.name not in spec.engines:
+        why = spec.not_in.get(engine.name, f"not available in {engine.shown}")
+        runs = [name for name, other in METHODS.items() if engine.name in other.engines]
+        needs = "; ".join(f"{name} needs {METHODS[name].engines[engine.name].needs}" for name in runs
+                          if METHODS[name].engines[engine.name].needs)
+        return (f"--engine {engine.name}: method '{spec.name}' is not available ({why}); {engine.shown} runs "
+                f"{', '.join(runs)}" + (f" ({needs})" if needs else ""))
+    if not engine.variants and (spec.base or WINDOW_KEY in (options or {})):
+        others = ", ".join(name for name, other in ENGINES.items() if other.variants)
+        return (f"--engine {engine.name}: method '{spec.name}' with a label or a window: the draft window and "
+                f"method labels are evalsuite's own (docs/methods.md §7); use --engine {others}")
+    return ""
 
 
 def windowable() -> list[str]:

@@ -685,7 +685,8 @@ def label(
 @app.command()
 @friendly_errors
 def train(
-    method: str = typer.Option(..., "--method", "-m", help="dlite | eagle3 | dflash | dspark."),
+    method: str = typer.Option(..., "--method", "-m", help="A learned method (its recipe: evalsuite/train/"
+                                                               "recipes/<method>.py), e.g. dlite."),
     target: str = typer.Option("default", help="Target: 'default' (embedded SmolLM2-135M-Instruct), "
                                                  "'qwen2.5-coder-0.5b' (embedded, 32k window) or a local dir."),
     data: str = typer.Option("sharegpt", help="Comma-separated prompt sources, each [NAME:]SOURCE[:WEIGHT]: "

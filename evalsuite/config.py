@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from evalsuite.catalog import METHODS, WINDOW_KEY, method_spec, suggest
+from evalsuite.catalog import ENGINES, engine_refusal, engine_spec, method_spec, suggest
 from evalsuite.conventions import BASELINE
 from evalsuite.errors import UserError
 
@@ -27,7 +27,6 @@ REPLAY_MODES = ("auto", "logged", "free", "closed")  # closed: the task's enviro
 # where the target's chat template takes `tools`, else prompt; the runner records the resolved one)
 TOOL_FORMATS = ("native", "prompt")
 CONTEXT_POLICIES = ("stop", "truncate-left")
-ENGINES = ("hf", "vllm")
 WEIGHT_LAYOUTS = ("auto", "fused", "row-major", "column-major", "column-major+onednn")
 CACHE_KINDS = ("static", "dynamic")
 CUDA_GRAPHS = ("auto", "on", "off")
@@ -123,7 +122,6 @@ class RunConfig:
     def _check_choices(self) -> None:
         for option, value, choices in (("--replay", self.replay, REPLAY_MODES),
                                        ("--context-policy", self.context_policy, CONTEXT_POLICIES),
-                                       ("--engine", self.engine, ENGINES),
                                        ("--weight-layout", self.weight_layout, WEIGHT_LAYOUTS),
                                        ("--kv-cache", self.kv_cache, CACHE_KINDS)):
             if value not in choices:
@@ -132,8 +130,10 @@ class RunConfig:
             raise UserError(f"--device {self.device}: use cpu or cuda[:N]")
         if self.dtype is not None and self.dtype != "auto" and self.dtype not in DTYPES:
             raise UserError(f"--dtype {self.dtype}: expected one of float32, bfloat16, float16")
-        if self.engine == "hf" and self.device == "cpu" and DTYPES.get(self.dtype or "float32", "float32") != "float32":
-            raise UserError(f"--dtype {self.dtype}: only float32 is supported on CPU")
+        engine = engine_spec(self.engine)
+        if self.device == "cpu" and engine.cpu_dtypes and \
+                DTYPES.get(self.dtype or "float32", "float32") not in engine.cpu_dtypes:
+            raise UserError(f"--dtype {self.dtype}: only {', '.join(engine.cpu_dtypes)} is supported on CPU")
         if self.compile and self.weight_layout in ("column-major+onednn", "fused"):
             raise UserError(f"--compile with --weight-layout {self.weight_layout}: torch.compile runs the Hugging Face "
                             "decoder; use --weight-layout column-major or auto")
@@ -212,22 +212,18 @@ class RunConfig:
                 raise UserError(f"--sample-ids: {', '.join(repeated)} given more than once")
 
     def _check_engine(self) -> None:
-        if self.engine != "vllm":
-            return
-        if self.workers > 1 or self.ray_address:
-            raise UserError("--engine vllm runs its engines from this process; --workers/--ray-address are for "
-                            "--engine hf")
-        if self.repeats > 1:
-            raise UserError(f"--repeats {self.repeats}: --engine vllm decodes each turn once; use --repeats 1")
+        """What the engine declares it cannot do (evalsuite.catalog.EngineSpec), each a one-line error."""
+        engine = engine_spec(self.engine)
+        if not engine.scale_out and self.uses_ray:
+            others = ", ".join(name for name, other in ENGINES.items() if other.scale_out)
+            raise UserError(f"--engine {engine.name} runs its engines from this process; --workers/--ray-address are "
+                            f"for --engine {others}")
+        if not engine.repeats and self.repeats > 1:
+            raise UserError(f"--repeats {self.repeats}: --engine {engine.name} decodes each turn once; use --repeats 1")
         for name in self.methods:
-            spec = method_spec(name)
-            if spec.not_in_vllm:
-                runs = ", ".join(m for m in METHODS if not METHODS[m].not_in_vllm)
-                raise UserError(f"--engine vllm: method '{name}' is not available ({spec.not_in_vllm}); "
-                                f"vLLM runs {runs} (suffix needs arctic-inference in vLLM's venv)")
-            if spec.base or WINDOW_KEY in self.method_options.get(name, {}):
-                raise UserError(f"--engine vllm: method '{name}' with a label or a window: the draft window and "
-                                "method labels are evalsuite's own (docs/methods.md §7); use --engine hf")
+            refusal = engine_refusal(engine, method_spec(name), self.method_options.get(name, {}))
+            if refusal:
+                raise UserError(refusal)
 
     def _check_data_format(self) -> None:
         if self.format in (None, "auto"):

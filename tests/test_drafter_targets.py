@@ -82,12 +82,13 @@ def _export_random(method: str, target, directory, recipe_module) -> None:
 
     from evalsuite.train.features import FeatureSpec, build_features
     from evalsuite.train.generate import Sequence
-    from evalsuite.train.pipeline import METHODS, build_recipe
+    from evalsuite.train.pipeline import build_recipe
+    from evalsuite.train.recipes.common import recipe_for
 
     rng = np.random.default_rng(0)
     seqs = [Sequence(f"s{i}", rng.integers(3, 250, 12).tolist(), rng.integers(3, 250, 10).tolist(), "length")
             for i in range(4)]
-    options_cls, rule = METHODS[method]
+    options_cls, rule = recipe_for(method).options_type, recipe_for(method).feature_layers
     small = {"dlite": dict(rank=4, intermediate_size=32, head_warm_start_steps=0, single_stage=True),
              "dflash": dict(intermediate_size=32), "dspark": dict(intermediate_size=32, markov_rank=2),
              "eagle3": dict(intermediate_size=32, draft_vocab_size=64)}[method]

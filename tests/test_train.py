@@ -19,8 +19,8 @@ from evalsuite.train.features import FeatureCache
 from evalsuite.train.generate import GenerationOptions
 from evalsuite.errors import UserError
 from evalsuite.train.loop import LoopOptions, Trainer, sample_batch, split_sequences
-from evalsuite.train.pipeline import METHODS, TrainRequest, build_recipe, train
-from evalsuite.train.recipes.common import parse_overrides
+from evalsuite.train.pipeline import TrainRequest, build_recipe, train
+from evalsuite.train.recipes.common import parse_overrides, recipe_for
 from tests.helpers import decode
 
 SMALL = {"dlite": {"batch_seqs": "4", "anchors_per_seq": "6", "rank": "8", "intermediate_size": "64"},
@@ -54,7 +54,7 @@ def _recipe(setup, method: str):
     target = TargetModel.load(str(target_dir))
     cache = FeatureCache(root / "work" / "features")
     train_seqs, _ = split_sequences(cache, 0.15, 0)
-    options = parse_overrides(METHODS[method][0], SMALL[method], method)
+    options = parse_overrides(recipe_for(method).options_type, SMALL[method], method)
     return target, cache, build_recipe(method, target, cache, options, train_seqs), train_seqs
 
 
@@ -150,8 +150,8 @@ def test_init_warm_starts_from_a_released_checkpoint(setup, tmp_path, method):
     req.overrides = overrides
     train(req)
     target, cache, _, train_seqs = _recipe(setup, method)
-    recipe = build_recipe(method, target, cache, parse_overrides(METHODS[method][0], {**overrides, "seed": "5"},
-                                                                 method), train_seqs)
+    recipe = build_recipe(method, target, cache, parse_overrides(recipe_for(method).options_type,
+                                                                 {**overrides, "seed": "5"}, method), train_seqs)
     info = recipe.load_init(first)
     assert info["checkpoint_sha256"] == checkpoint_sha256(first) and info["from"] == "first"
     recipe.export(tmp_path / "again")

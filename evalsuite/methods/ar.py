@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from evalsuite.catalog import MethodSpec, Speculative
 from evalsuite.methods.base import Method, Proposal, Sampling
+
+
+SPEC = MethodSpec("ar", "no drafting: the target decodes one token per forward (the speedup baseline)",
+                  engines={"vllm": Speculative(None)})
 
 
 class AutoregressiveMethod(Method):

@@ -1,8 +1,8 @@
 """The one interface every method implements (`Method`), and how a method is built by name (`get_method`).
 
 A *method* is a way of proposing draft tokens, including none (`ar`); the four learned methods load a *drafter*
-(a trained draft model, `--drafter`). Which methods exist, and their settings, is declared in
-`evalsuite.catalog` (no torch); a method's module is imported only when it is built.
+(a trained draft model, `--drafter`). Each method declares itself, its settings and capabilities in its own file
+(`SPEC = MethodSpec(...)`, read by `evalsuite.catalog` without torch); its module is imported only when it is built.
 
 Bookkeeping convention, shared by the engine and every method:
 - A method sees the context as token ids `ids[0..n]`, where `ids[n]` is the *anchor*: the newest token,

@@ -12,6 +12,10 @@ projections, norms, heads and kernels) over a leading batch axis:
 - Every other method (ngram, suffix: model-free, host-side work per request) runs B independent copies one
   after another: `batching = "sequential"`, and the cost at batch B is the sum.
 
+Which it is, the method declares (`MethodSpec.batched`, evalsuite.catalog); a batched counterpart registers itself
+for the method classes it runs with `@batches(...)` (here, or in a new method's own file), and a method that
+declares `batched` without one is an error, never a silent fall-back to sequential copies.
+
 All streams have the same context length (uniform lengths), drafting is greedy (T = 0), and a step is what the
 engine's `draft_s` counts: propose k drafts, then commit one token (the bonus; the target features of the old
 anchor). `fill(context)` puts each stream in the state it has after a turn started at that context; for the
@@ -27,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from evalsuite.buffers import GrowableBuffer
+from evalsuite.catalog import method_spec
 from evalsuite.methods.base import Method, Sampling
 from evalsuite.methods.dlite import DLiteMethod, block_positions
 from evalsuite.methods.dflash import ZLabDFlashMethod
@@ -35,6 +40,7 @@ from evalsuite.methods.dspark import DeepSpecMethod
 from evalsuite.methods.eagle3 import Eagle3Method
 
 GREEDY = Sampling()
+BATCHED: dict[type, type] = {}  # method class → its batched counterpart (`batches`)
 ROOM = 256  # positions reserved beyond the context for the steps measured (a step adds one committed token)
 
 
@@ -104,6 +110,17 @@ def block_layers(backbone: DraftBackbone, block: torch.Tensor, context: torch.Te
 
 
 # ---- batched drafters ----------------------------------------------------------------------------------------------
+def batches(*method_classes: type):
+    """Class decorator: register a `BatchedDrafter` as the batched counterpart of these method classes."""
+
+    def register(batched: type) -> type:
+        for kind in method_classes:
+            BATCHED[kind] = batched
+        return batched
+
+    return register
+
+
 class BatchedDrafter:
     """B streams of one method. `fill(ids, context)`: every stream's state after a turn's start at `context`
     tokens (`ids` [B, ≥ context+1] supplies the tokens where a method reads them); `step(k)`: propose k drafts
@@ -130,6 +147,7 @@ def _features(method: Method, batch: int, rows: int, like: torch.Tensor) -> torc
     return torch.randn(batch, rows, len(method.feature_layers), like.shape[-1], dtype=like.dtype, device=like.device)
 
 
+@batches(DLiteMethod)
 class BatchedDLite(BatchedDrafter):
     """DLite: no draft cache; per stream the pivot features [S, H] and the last tokens."""
 
@@ -270,6 +288,7 @@ class BatchedBlockCache(BatchedDrafter):
         return self.cache.nbytes() + pending + self.last_block_bytes
 
 
+@batches(ZLabDFlashMethod)
 class BatchedZLabDFlash(BatchedBlockCache):
     @torch.inference_mode()
     def propose(self, k: int) -> torch.Tensor:
@@ -278,6 +297,7 @@ class BatchedZLabDFlash(BatchedBlockCache):
         return self.method.lm_head(masks).argmax(dim=-1)
 
 
+@batches(DeepSpecMethod)
 class BatchedDeepSpec(BatchedBlockCache):
     @torch.inference_mode()
     def propose(self, k: int) -> torch.Tensor:
@@ -316,6 +336,7 @@ class BatchedDeepSpec(BatchedBlockCache):
         return drafts
 
 
+@batches(Eagle3Method)
 class BatchedEagle3(BatchedDrafter):
     """EAGLE-3's chain: k single-entry forwards of its one layer, each over B streams, over a batched draft cache
     (one entry per context position, as in the single-stream drafter)."""
@@ -439,20 +460,28 @@ class SequentialDrafter(BatchedDrafter):
         return sum(method.state_bytes().total for method in self.methods)
 
 
-BATCHED = {DLiteMethod: BatchedDLite, ZLabDFlashMethod: BatchedZLabDFlash, DeepSpecMethod: BatchedDeepSpec,
-           Eagle3Method: BatchedEagle3}
+def _counterpart(method: Method) -> type | None:
+    """The registered batched counterpart of `method`, or None when its spec declares none (`batched=False`)."""
+    if not method_spec(method.name).batched:
+        return None
+    for kind in type(method).__mro__:
+        if kind in BATCHED:
+            return BATCHED[kind]
+    raise RuntimeError(f"method {method.name} declares batched=True (evalsuite.catalog) but no batched counterpart "
+                       f"is registered for {type(method).__name__}: add one with @batches({type(method).__name__}) "
+                       "or declare batched=False")
 
 
 def batching_of(method: Method) -> str:
-    """"batched" when `method` has a batched counterpart here, else "sequential"."""
-    return "batched" if any(isinstance(method, kind) for kind in BATCHED) else "sequential"
+    """"batched" when `method` declares a batched counterpart, else "sequential"."""
+    return "batched" if _counterpart(method) is not None else "sequential"
 
 
 def batched_drafter(method: Method, batch: int, build_copy=None) -> BatchedDrafter:
     """The batched counterpart of `method` for `batch` streams; methods without one run as B sequential copies
     (`build_copy()` makes each further copy)."""
-    for kind, batched in BATCHED.items():
-        if isinstance(method, kind):
-            return batched(method, batch)
+    batched = _counterpart(method)
+    if batched is not None:
+        return batched(method, batch)
     copies = [method] + [build_copy() for _ in range(batch - 1)]
     return SequentialDrafter(copies)

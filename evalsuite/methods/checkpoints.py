@@ -1,4 +1,4 @@
-"""Method checkpoints, shared by every learned method (dlite, dflash, dspark, eagle3).
+"""Method checkpoints, shared by every learned method (dlite, dflash, dspark, eagle3, and any new one).
 
 Stable API (other method modules import these names; keep their signatures):
 
@@ -12,7 +12,7 @@ Stable API (other method modules import these names; keep their signatures):
       a local directory as is; anything else is an HF hub id fetched with `huggingface_hub.snapshot_download`
       (cache first, then the network); failure is a one-line `UserError`.
 - `read_config(directory) -> dict`                the parsed config.json.
-- `detect_method(config) -> str`                  "dlite" | "dflash" | "dspark" | "eagle3", from config keys.
+- `detect_method(config) -> str`                  the learned method whose module `recognises(config)`.
 - `load_state_dict(directory, device, dtype)`     every tensor of the checkpoint's *.safetensors files (never
       pickle); `dtype` converts floating tensors only.
 - `checkpoint_sha256(directory) -> str`           sha256 over the safetensors files, the string run.json records.
@@ -166,28 +166,18 @@ def read_config(directory: Path | str) -> dict:
 
 
 def detect_method(config: dict) -> str:
-    """Which method a released checkpoint belongs to (docs/methods.md §1.2, §2, §3.2, §4.2).
+    """Which learned method a released checkpoint belongs to: the one whose module's `recognises(config)` claims it
+    (each learned method's module defines it: its released formats, docs/methods.md). None or several is a one-line
+    error."""
+    from evalsuite.catalog import METHODS
 
-    - DLite: a nested `dlite_config`.
-    - z-lab DFlash: `architectures ["DFlashDraftModel"]` with a nested `dflash_config`.
-    - DeepSpec `Qwen3DSparkModel`: DSpark when it has a Markov head or a confidence head; with `markov_rank 0`
-      and no confidence head it is DeepSpec's DFlash baseline (the `*_block7` layout), run by `dflash`.
-    - EAGLE-3: `LlamaForCausalLMEagle3` (original/SpecForge) or `Qwen3Eagle3Model` (DeepSpec).
-    """
+    found = [name for name, spec in METHODS.items() if spec.needs_checkpoint and spec.recognises(config)]
+    if len(found) == 1:
+        return found[0]
     architectures = [str(a) for a in config.get("architectures") or []]
-    if "dlite_config" in config:
-        return "dlite"
-    if "DFlashDraftModel" in architectures or "dflash_config" in config:
-        projector = (config.get("dflash_config") or {}).get("projector_type")
-        if projector not in (None, "dflash"):
-            raise UserError(f"drafter config: SpecForge '{projector}' ports are not supported; use the official "
-                            "release of that method")
-        return "dflash"
-    if "Qwen3DSparkModel" in architectures:
-        has_heads = int(config.get("markov_rank", 0) or 0) > 0 or bool(config.get("enable_confidence_head"))
-        return "dspark" if has_heads else "dflash"
-    if any("Eagle3" in a for a in architectures):
-        return "eagle3"
+    if found:
+        raise UserError(f"drafter config: architectures={architectures} is claimed by {', '.join(found)}; pass "
+                        "--method explicitly")
     raise UserError(f"drafter config: cannot tell the method from architectures={architectures}; pass --method "
                     "explicitly with a checkpoint of that method")
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+from evalsuite.catalog import SEED, MethodSpec, Option
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Method, Proposal, Sampling
 from evalsuite.methods.checkpoints import (
@@ -38,7 +39,19 @@ from evalsuite.methods.draft_layers import (
     ContextCacheMethod, FusedContextBackbone, default_layer_config, default_mask_token_id, evenly_spaced_zlab,
     init_random_, materialize, qwen3_config, require,
 )
-from evalsuite.methods.dspark import DeepSpecMethod, build_deepspec, default_feature_layers, random_dspark_layout
+from evalsuite.methods.dspark import (
+    DeepSpecMethod, build_deepspec, default_feature_layers, has_dspark_heads, random_dspark_layout,
+)
+
+
+SPEC = MethodSpec(
+    "dflash", "DFlash: parallel block drafter over a draft KV cache (z-lab b16 or DeepSpec block7 layout)", True,
+    {"layout": Option(str, "random init: zlab | block7", lambda v: v in ("zlab", "block7"), "choose zlab or block7"),
+     "seed": SEED},
+    windowable=True, batched=True,
+    not_in={"vllm": "vLLM's dflash loads DFlashQwen3/Laguna drafters for Qwen3-family targets only, not our "
+                    "DFlashDraftModel checkpoint for a Llama target"})
+
 
 ZLAB_BLOCK = 16
 ZLAB_LAYERS = 5
@@ -117,6 +130,20 @@ def build_zlab(target, options: dict, source: str | None) -> ZLabDFlashMethod:
     drafter.checkpoint_path, drafter.checkpoint_hash = str(checkpoint.path), checkpoint.sha256
     drafter.use_window(options.get("window"))
     return drafter
+
+
+def recognises(config: dict) -> bool:
+    """A released DFlash checkpoint (docs/methods.md §3.2): z-lab `DFlashDraftModel` with a nested `dflash_config`
+    (a SpecForge port of another method, by its `projector_type`, is refused), or DeepSpec's `Qwen3DSparkModel`
+    without DSpark's heads (the `*_block7` layout)."""
+    architectures = [str(a) for a in config.get("architectures") or []]
+    if "DFlashDraftModel" in architectures or "dflash_config" in config:
+        projector = (config.get("dflash_config") or {}).get("projector_type")
+        if projector not in (None, "dflash"):
+            raise UserError(f"drafter config: SpecForge '{projector}' ports are not supported; use the official "
+                            "release of that method")
+        return True
+    return "Qwen3DSparkModel" in architectures and not has_dspark_heads(config)
 
 
 def build(target, options: dict) -> Method:

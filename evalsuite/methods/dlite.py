@@ -37,12 +37,20 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from evalsuite.catalog import SEED, MethodSpec, Option, positive
 from evalsuite.methods.base import Method, DraftState, Proposal, Sampling, tensor_bytes
 from evalsuite.methods.checkpoints import check_fit, drafter_source, load_checkpoint, load_weights
 from evalsuite.methods.draft_layers import (
     DraftBackbone, RMSNorm, next_token, default_layer_config, default_mask_token_id, init_random_,
     materialize, qwen3_config, require, stack_proposal,
 )
+
+
+SPEC = MethodSpec(
+    "dlite", "DLite: history-free block drafter (last token's multi-layer features, RNN head, no KV cache)", True,
+    {"anchor_group_size": Option(int, "random init: anchors per group G (1)", positive, "must be >= 1"), "seed": SEED},
+    batched=True, not_in={"vllm": "vLLM has no DLite drafter"})
+
 
 VERSIONS = ("dlite_v1", "dlite_v2")
 ROLE = "pivot_q_student"
@@ -234,6 +242,11 @@ def build_random(target, options: dict) -> DLiteMethod:
     init_random_(model, int(options.get("seed", RANDOM_SEED)))
     return DLiteMethod(target, model, settings, {"weights": "random-init", "layers": DEFAULT_LAYERS,
                                                   "mask_token": how})
+
+
+def recognises(config: dict) -> bool:
+    """A released DLite checkpoint: a nested `dlite_config` (docs/methods.md §1.2)."""
+    return "dlite_config" in config
 
 
 def build(target, options: dict) -> Method:

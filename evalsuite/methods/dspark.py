@@ -34,12 +34,23 @@ from typing import Callable
 import torch
 from torch import nn
 
+from evalsuite.catalog import SEED, MethodSpec, Option
 from evalsuite.methods.base import Method, Proposal, Sampling
 from evalsuite.methods.checkpoints import check_fit, drafter_source, load_checkpoint, load_weights
 from evalsuite.methods.draft_layers import (
     ContextCacheMethod, FusedContextBackbone, next_token, default_layer_config, default_mask_token_id,
     evenly_spaced_zlab, init_random_, materialize, qwen3_config, require, stack_proposal,
 )
+
+
+SPEC = MethodSpec(
+    "dspark", "DSpark (DeepSpec): DFlash backbone, every slot predicts, Markov head, confidence head", True,
+    {"confidence_threshold": Option(float, "truncate the block at the first slot whose confidence is below it "
+                                    "(0 = off)", lambda v: 0 <= v <= 1, "must be in [0, 1]"),
+     "seed": SEED},
+    windowable=True, batched=True,
+    not_in={"vllm": "vLLM's dspark is DeepSeek-V4 only and its sparse attention does not run on CPU"})
+
 
 MARKOV_KINDS = ("vanilla", "gated", "rnn")
 DEFAULT_BLOCK = 7
@@ -272,3 +283,15 @@ def random_dspark_layout(target, markov_rank: int = DEFAULT_MARKOV_RANK) -> Deep
 
 def build(target, options: dict) -> Method:
     return build_deepspec(target, options, "dspark", DeepSpecMethod, random_dspark_layout)
+
+
+def has_dspark_heads(config: dict) -> bool:
+    """A DeepSpec `Qwen3DSparkModel` with a Markov head or a confidence head (without both it is DeepSpec's DFlash
+    baseline, the `*_block7` layout, run by `dflash`)."""
+    return int(config.get("markov_rank", 0) or 0) > 0 or bool(config.get("enable_confidence_head"))
+
+
+def recognises(config: dict) -> bool:
+    """A released DSpark checkpoint: DeepSpec `Qwen3DSparkModel` with its heads (docs/methods.md §4.2)."""
+    return "Qwen3DSparkModel" in (config.get("architectures") or []) and has_dspark_heads(config)
+

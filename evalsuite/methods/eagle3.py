@@ -42,12 +42,23 @@ from transformers import LlamaConfig, PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from evalsuite.buffers import GrowableBuffer
+from evalsuite.catalog import SEED, MethodSpec, Option, Speculative, positive
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Method, DraftState, Proposal, Sampling, common_prefix_len, tensor_bytes
 from evalsuite.methods.checkpoints import check_fit, drafter_source, load_checkpoint, load_weights
 from evalsuite.methods.window import DraftRows
 from evalsuite.methods.draft_layers import (RMSNorm, SwiGLU, choose_token, evenly_spaced_zlab, init_random_,
                                             full_attention_rope, materialize, qwen3_config, rotate)
+
+
+SPEC = MethodSpec(
+    "eagle3", "EAGLE-3: one draft layer over fused target features, draft KV cache, chain drafting", True,
+    {"format": Option(str, "random init: deepspec | specforge layout", lambda v: v in ("deepspec", "specforge"),
+                      "choose deepspec or specforge"),
+     "draft_vocab_size": Option(int, "random init: reduced draft vocabulary size", positive, "must be >= 1"),
+     "seed": SEED},
+    windowable=True, batched=True, engines={"vllm": Speculative("eagle3", drafter=True)})
+
 
 METHOD = "eagle3"
 SPECFORGE = "LlamaForCausalLMEagle3"
@@ -540,6 +551,12 @@ def random_drafter(target, fmt: str = "deepspec", seed: int = 0, draft_vocab_siz
         model.d2t.zero_()
         model.t2d.copy_(torch.arange(spec.vocab_size, device=target.device) < spec.draft_vocab_size)
     return Eagle3Method(model, target, "random-init", "target")
+
+
+def recognises(config: dict) -> bool:
+    """A released EAGLE-3 checkpoint: `LlamaForCausalLMEagle3` (original/SpecForge) or `Qwen3Eagle3Model`
+    (DeepSpec) (docs/methods.md §2)."""
+    return any("Eagle3" in str(a) for a in config.get("architectures") or [])
 
 
 def build(target, options: dict) -> Method:

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import torch
 
+from evalsuite.catalog import MethodSpec, Option, Speculative, positive
 from evalsuite.methods.base import Method, DraftState, Proposal, Sampling, tensor_bytes
+
+
+SPEC = MethodSpec(
+    "ngram", "prompt lookup: proposes the continuation of the latest earlier match of the last n tokens",
+    options={"max_ngram": Option(int, "longest n-gram looked up (3)", positive, "must be >= 1", default=3),
+             "min_ngram": Option(int, "shortest n-gram looked up (1)", positive, "must be >= 1", default=1)},
+    engines={"vllm": Speculative("ngram", {"max_ngram": "prompt_lookup_max", "min_ngram": "prompt_lookup_min"})})
 
 
 class PromptLookupMethod(Method):

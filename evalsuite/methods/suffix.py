@@ -27,8 +27,24 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from evalsuite.catalog import MethodSpec, Option, Speculative
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Method, DraftState, Proposal, Sampling
+
+
+SPEC = MethodSpec(
+    "suffix", "SuffixDecoding (arctic-inference): suffix trees over the context and over earlier replies",
+    options={"max_depth": Option(int, "tokens matched against the trees (64)", lambda v: v >= 2, "must be >= 2"),
+             "max_spec_factor": Option(float, "draft length per matched token (1.0)", lambda v: v >= 0,
+                                       "must be >= 0"),
+             "max_spec_offset": Option(float, "draft length offset (0)"),
+             "min_token_prob": Option(float, "smallest estimated probability followed (0.1)",
+                                      lambda v: 0 <= v <= 1, "must be in [0, 1]"),
+             "max_cached_requests": Option(int, "replies kept in the global tree (-1 = all)", lambda v: v != 0,
+                                           "0 would switch the global tree off; use -1 for no limit")},
+    learns_across_turns=True,  # and forgets a repeated turn's reply (rewind_turn)
+    engines={"vllm": Speculative("suffix", needs="arctic-inference in vLLM's venv")})
+
 
 INSTALL_HINT = "method suffix needs arctic-inference==0.3.0: pip install 'evalsuite[suffix]' (see scripts/setup.sh)"
 

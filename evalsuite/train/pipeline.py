@@ -5,8 +5,9 @@ Every stage writes into a work directory keyed by the target and data choice, an
 - `responses.jsonl` (appended per generation batch),
 - `features/` (the fp16 cache, resumed per batch),
 - `<out>/train_state.pt` (the training state, every `checkpoint_every` steps).
-The feature cache holds the union of the target layers the four methods read at their default sizes, so one
-cache serves all four recipes.
+The feature cache holds the union of the target layers every recipe reads at its default sizes, so one cache
+serves them all. A learned method's recipe is found by its name (`recipes.common.recipe_for`, one module of
+`evalsuite/train/recipes/` each); a method without one is a one-line error.
 """
 
 from __future__ import annotations
@@ -30,20 +31,7 @@ from evalsuite.train import mixture
 from evalsuite.train.features import FeatureCache, FeatureSpec, build_features
 from evalsuite.train.generate import GenerationOptions, logged_replies, read_sequences, regenerate
 from evalsuite.train.loop import LoopOptions, Trainer, final_losses, split_sequences, write_json
-from evalsuite.train.recipes import dflash as dflash_recipe
-from evalsuite.train.recipes import dlite as dlite_recipe
-from evalsuite.train.recipes import dspark as dspark_recipe
-from evalsuite.train.recipes import eagle3 as eagle3_recipe
-from evalsuite.train.recipes.common import parse_overrides
-
-METHODS = {
-    "dlite": (dlite_recipe.DLiteOptions, dlite_recipe.feature_layers),
-    "dflash": (dflash_recipe.DFlashOptions, dflash_recipe.feature_layers),
-    "dspark": (dspark_recipe.DSparkOptions, dspark_recipe.feature_layers),
-    "eagle3": (eagle3_recipe.Eagle3Options, eagle3_recipe.feature_layers),
-}
-# the shipped default drafters' schedules (baselines/drafters/README.md): each under an hour on this CPU
-DEFAULT_STEPS = {"dlite": 6000, "dflash": 4400, "dspark": 4000, "eagle3": 2500}
+from evalsuite.train.recipes.common import parse_overrides, recipe_for, recipes
 
 
 @dataclass
@@ -75,10 +63,10 @@ class Reporter:
 
 
 def all_feature_layers(num_target_layers: int, method: str, options) -> tuple[int, ...]:
-    """The union over the four methods at their default sizes, plus what `method` reads with its options."""
+    """The union over every recipe at its default sizes, plus what `method` reads with its options."""
     layers = set()
-    for name, (options_cls, rule) in METHODS.items():
-        layers.update(rule(num_target_layers, options if name == method else options_cls()))
+    for name, recipe in recipes().items():
+        layers.update(recipe.feature_layers(num_target_layers, options if name == method else recipe.options_type()))
     return tuple(sorted(layers))
 
 
@@ -197,21 +185,13 @@ def _no_dirs(item: str) -> str:
 
 def build_recipe(method: str, target: TargetModel, cache: FeatureCache, options, train_sequences: list[int]):
     target.model.requires_grad_(False)  # the target's embedding and lm_head are used frozen
-    if method == "dlite":
-        return dlite_recipe.DLiteRecipe(target, cache, options, train_sequences)
-    if method == "dflash":
-        return dflash_recipe.DFlashRecipe(target, cache, options, train_sequences)
-    if method == "dspark":
-        return dspark_recipe.DSparkRecipe(target, cache, options, train_sequences)
-    return eagle3_recipe.Eagle3Recipe(target, cache, options, train_sequences)
+    return recipe_for(method)(target, cache, options, train_sequences)
 
 
 def train(request: TrainRequest, reporter: Reporter = Reporter()) -> dict:
-    if request.method not in METHODS:
-        raise UserError(f"--method {request.method}: choose one of {', '.join(METHODS)}")
-    options_cls, _ = METHODS[request.method]
-    options = parse_overrides(options_cls, request.overrides, request.method)
-    steps = request.steps or DEFAULT_STEPS[request.method]
+    recipe_type = recipe_for(request.method)
+    options = parse_overrides(recipe_type.options_type, request.overrides, request.method)
+    steps = request.steps or recipe_type.default_steps
     if steps < 1:
         raise UserError(f"--steps {steps}: must be >= 1")
     if request.loop.threads:

@@ -1,12 +1,19 @@
-"""What every recipe shares: per-sequence tensors from the feature cache, the recipe interface, option
-parsing, and writing a checkpoint in a released format (config.json + model.safetensors)."""
+"""What every recipe shares: per-sequence tensors from the feature cache, the recipe interface and its registry
+(`register_recipe`, `recipe_for`), option parsing, and writing a checkpoint in a released format (config.json +
+model.safetensors).
+
+A learned method's recipe is one module of this package, named after the method, whose `Recipe` subclass is
+decorated with `@register_recipe`; `recipes()` imports every module here (pkgutil), so no list names them."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
+import pkgutil
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -99,10 +106,15 @@ class SubVocabulary:
 
 
 class Recipe:
-    """A method's training recipe. Subclasses set `method`, build their modules in __init__ and implement the
-    hooks below."""
+    """A method's training recipe. Subclasses set the class attributes below, build their modules in
+    __init__(target, cache, options, train_sequences), implement the hooks below and register with
+    `@register_recipe`."""
 
-    method: str = ""
+    method: str = ""  # the method it trains (a learned method of evalsuite.catalog)
+    options_type: type = object  # its size/schedule dataclass (`--set key=value`)
+    default_steps: int = 0  # optimizer steps when --steps is not given
+    # the target layers it reads: (num_target_layers, options) -> layer ids (the feature cache holds them)
+    feature_layers: Callable[[int, object], tuple[int, ...]] = staticmethod(lambda num_layers, options: ())
 
     def modules(self) -> dict[str, nn.Module]:
         raise NotImplementedError
@@ -139,6 +151,33 @@ class Recipe:
 
     def describe(self) -> dict:
         return {}
+
+
+RECIPES: dict[str, type[Recipe]] = {}
+
+
+def register_recipe(recipe: type[Recipe]) -> type[Recipe]:
+    """Class decorator: register a recipe under its `method`."""
+    if not recipe.method:
+        raise TypeError(f"{recipe.__name__}: set `method` before @register_recipe")
+    RECIPES[recipe.method] = recipe
+    return recipe
+
+
+def recipes() -> dict[str, type[Recipe]]:
+    """Every recipe of this package, by method (importing each module registers its recipe)."""
+    for info in pkgutil.iter_modules([str(Path(__file__).resolve().parent)]):
+        if info.name != "common":
+            importlib.import_module(f"{__package__}.{info.name}")
+    return dict(sorted(RECIPES.items()))
+
+
+def recipe_for(method: str) -> type[Recipe]:
+    """The recipe that trains `method`; a method without one is a one-line error naming those with one."""
+    found = recipes()
+    if method not in found:
+        raise UserError(f"--method {method}: no training recipe for it; choose one of {', '.join(found)}")
+    return found[method]
 
 
 def parse_overrides(cls, values: dict[str, str], method: str):

@@ -24,8 +24,8 @@ from evalsuite.train.features import FeatureCache
 from evalsuite.train.forward import SharedContext, block_layers
 from evalsuite.train.loop import Batch, Stage
 from evalsuite.train.recipes.common import (
-    Recipe, SequenceReader, SubVocabulary, block_targets, chain_tau, param_count, qwen3_layer_config,
-    feature_rms, save_checkpoint, scale_fusion_init_, target_final_norm, training_vocabulary,
+    Recipe, SequenceReader, SubVocabulary, block_targets, chain_tau, feature_rms, param_count, qwen3_layer_config,
+    register_recipe, save_checkpoint, scale_fusion_init_, target_final_norm, training_vocabulary,
 )
 
 
@@ -68,8 +68,12 @@ def block_hidden(model: FusedContextBackbone, embed: nn.Embedding, seq, anchors:
     return block_layers(model, embed(ids).float(), positions, shared=SharedContext(rows, visible))
 
 
+@register_recipe
 class DFlashRecipe(Recipe):
     method = "dflash"
+    options_type = DFlashOptions
+    default_steps = 4400  # the shipped default drafter's schedule (baselines/drafters/README.md)
+    feature_layers = staticmethod(feature_layers)
 
     def __init__(self, target, cache: FeatureCache, options: DFlashOptions, train_sequences: list[int]):
         self.target = target

@@ -35,8 +35,8 @@ from evalsuite.train.forward import block_layers
 from evalsuite.train.loop import Batch, Stage
 from evalsuite.train.recipes.common import (
     Recipe, SequenceReader, SubVocabulary, block_targets, chain_tau, feature_rms, fit_low_rank_head,
-    lm_head_factors, param_count,
-    qwen3_layer_config, save_checkpoint, scale_fusion_init_, target_final_norm, training_vocabulary,
+    lm_head_factors, param_count, qwen3_layer_config, register_recipe, save_checkpoint, scale_fusion_init_,
+    target_final_norm, training_vocabulary,
 )
 
 
@@ -107,8 +107,12 @@ class DLiteTeacher(nn.Module):
         self.history_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
+@register_recipe
 class DLiteRecipe(Recipe):
     method = "dlite"
+    options_type = DLiteOptions
+    default_steps = 6000  # the shipped default drafter's schedule (baselines/drafters/README.md)
+    feature_layers = staticmethod(feature_layers)
 
     def __init__(self, target, cache: FeatureCache, options: DLiteOptions, train_sequences: list[int]):
         self.target = target

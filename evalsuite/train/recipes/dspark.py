@@ -26,8 +26,8 @@ from evalsuite.train import losses
 from evalsuite.train.features import FeatureCache
 from evalsuite.train.loop import Batch, Stage
 from evalsuite.train.recipes.common import (
-    Recipe, SequenceReader, SubVocabulary, block_targets, chain_tau, param_count, qwen3_layer_config,
-    feature_rms, save_checkpoint, scale_fusion_init_, target_final_norm, training_vocabulary,
+    Recipe, SequenceReader, SubVocabulary, block_targets, chain_tau, feature_rms, param_count, qwen3_layer_config,
+    register_recipe, save_checkpoint, scale_fusion_init_, target_final_norm, training_vocabulary,
 )
 from evalsuite.train.recipes.dflash import block_hidden, zlab_feature_layers
 
@@ -56,8 +56,12 @@ def feature_layers(num_target_layers: int, options: DSparkOptions = DSparkOption
     return zlab_feature_layers(num_target_layers, options.feature_layers)
 
 
+@register_recipe
 class DSparkRecipe(Recipe):
     method = "dspark"
+    options_type = DSparkOptions
+    default_steps = 4000  # the shipped default drafter's schedule (baselines/drafters/README.md)
+    feature_layers = staticmethod(feature_layers)
 
     def __init__(self, target, cache: FeatureCache, options: DSparkOptions, train_sequences: list[int]):
         self.target = target

@@ -31,8 +31,8 @@ from evalsuite.train.features import FeatureCache
 from evalsuite.train.forward import eagle3_ttt
 from evalsuite.train.loop import Batch, Stage
 from evalsuite.train.recipes.common import (
-    Recipe, SequenceReader, chain_tau, feature_rms, param_count, save_checkpoint, scale_fusion_init_,
-    target_final_norm,
+    Recipe, SequenceReader, chain_tau, feature_rms, param_count, register_recipe, save_checkpoint,
+    scale_fusion_init_, target_final_norm,
 )
 
 
@@ -62,8 +62,12 @@ def draft_vocabulary(cache: FeatureCache, sequences: list[int], size: int, vocab
     return torch.from_numpy(np.sort(order))
 
 
+@register_recipe
 class Eagle3Recipe(Recipe):
     method = "eagle3"
+    options_type = Eagle3Options
+    default_steps = 2500  # the shipped default drafter's schedule (baselines/drafters/README.md)
+    feature_layers = staticmethod(feature_layers)
 
     def __init__(self, target, cache: FeatureCache, options: Eagle3Options, train_sequences: list[int]):
         self.target = target
