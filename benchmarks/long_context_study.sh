@@ -12,7 +12,7 @@
 # What it measures, per context point: τ, per-position acceptance, draft ms, draft state bytes and the paired
 # speedup of each method against `ar` (the within-trajectory context effect in the report), and first the target's
 # own costs against context: benchmarks/context_cost.py at 1k, 8k, 16k and 32k (decode, verify of 2/4/8 tokens,
-# the memory floor measured in the same run) into benchmarks/results/context_cost_qwen_coder.txt.
+# the memory floor measured in the same run) into benchmarks/results/context_cost_qwen_cpu.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,9 +20,12 @@ OUT=${OUT:-reports/qwen-coder-long-context}
 STAGE=${STAGE:-results/long-context-study}        # results/ is git-ignored
 TARGET=${TARGET:-qwen2.5-coder-0.5b}
 METHODS=${METHODS:-ar,ngram,suffix,dlite,eagle3,eagle3:window=2048,dflash,dspark}  # eagle3:window=2048: docs/methods.md §7
-POINTS=${POINTS:-2k,4k,8k,16k,24k,32k}
-# Bundled mini-swe-agent trajectories whose logged contexts pass 20k tokens with this target's tokenizer (chosen
-# across repositories; `python benchmarks/long_context_study.py --list` prints every trajectory's reach)
+POINTS=${POINTS:-2k,4k,8k,12k,16k,24k,32k}
+# The bundled mini-swe-agent trajectories whose logged contexts pass 20k tokens with this target's tokenizer:
+# `--subset mini-swe-agent-long` (12 runs, 8 repositories, held out of training; data/swebench_trajectories/README.md;
+# `python benchmarks/long_context_study.py --subset mini-swe-agent-long --list` prints every trajectory's reach)
+SUBSET=${SUBSET:-mini-swe-agent-long}
+COUNT=${COUNT:-12}
 LIMIT_IDS=${LIMIT_IDS:-}
 NEW_TOKENS=${NEW_TOKENS:-64}
 REPEATS=${REPEATS:-3}
@@ -36,14 +39,15 @@ if [ -z "${ALLOW_DIRTY:-}" ] && [ -n "$(git status --porcelain --untracked-files
   exit 2
 fi
 if [ -z "$LIMIT_IDS" ]; then
-  LIMIT_IDS=$("$PY" benchmarks/long_context_study.py --target "$TARGET" --min-tokens 20000 --count 5)
+  LIMIT_IDS=$("$PY" benchmarks/long_context_study.py --target "$TARGET" --subset "$SUBSET" --min-tokens 20000 \
+    --count "$COUNT")
 fi
 mkdir -p "$STAGE/runs"
 if [ -z "${SKIP_COST:-}" ]; then
-  "$PY" benchmarks/context_cost.py --target "$TARGET" --contexts 1024,8192,16384,32000 --cache static \
-    --repeats 5 > benchmarks/results/context_cost_qwen_coder.txt
+  "$PY" benchmarks/context_cost.py --target "$TARGET" --contexts 1024,8192,16384,32000 --layouts auto \
+    --repeats 5 > benchmarks/results/context_cost_qwen_cpu.txt
 fi
-$EVALSUITE run --target "$TARGET" --method "$METHODS" --task swebench --sample-ids "$LIMIT_IDS" \
+$EVALSUITE run --target "$TARGET" --method "$METHODS" --task swebench --subset "$SUBSET" --sample-ids "$LIMIT_IDS" \
   --context-points "$POINTS" --max-new-tokens "$NEW_TOKENS" --repeats "$REPEATS" --seed 0 --resume \
   --out "$STAGE/runs/swebench-points"
 rm -rf "$STAGE/tables" "$STAGE/figures" "$STAGE/index.html" "$STAGE/report.md"
