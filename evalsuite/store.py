@@ -182,9 +182,15 @@ def read_run(run_dir: str | Path) -> RunTables:
     """The one reader: run.json and the rows of every finished turn (orphaned parts ignored, missing columns of
     older runs filled, rows seen twice dropped)."""
     root = Path(run_dir)
-    done = {p.stem for p in _parts(root / f"{TURNS}.parquet")}
-    turns = read_table(root, TURNS, TURN_SCHEMA, done)
-    steps = read_table(root, STEPS, STEP_SCHEMA, done)
+    for attempt in range(5):  # a writer running beside the reader may compact or clean parts between list and read
+        done = {p.stem for p in _parts(root / f"{TURNS}.parquet")}
+        try:
+            turns = read_table(root, TURNS, TURN_SCHEMA, done)
+            steps = read_table(root, STEPS, STEP_SCHEMA, done)
+            break
+        except FileNotFoundError:
+            if attempt == 4:
+                raise
     if "last" not in turns.columns or turns["last"].isna().all():
         # before per-turn parts, a (method, sample) was stored only when finished: its newest turn is its last
         newest = turns.groupby(["method", "sample_id"]).turn.transform("max") if len(turns) else turns.turn

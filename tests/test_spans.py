@@ -240,3 +240,25 @@ def test_the_labeller_imports_no_torch():
     code = "import sys, evalsuite.spans, evalsuite.report.spans; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_a_reader_beside_a_compacting_writer_reads_a_whole_snapshot(tmp_path, monkeypatch):
+    """A part listed and then removed before it is read (a writer compacting beside the reader, as the progress
+    line or kill_resume's reader meets it): the reader lists again instead of failing."""
+    import pyarrow.parquet as pq
+
+    from evalsuite import store as store_module
+
+    run = _run(tmp_path)
+    expected = len(read_run(run).turns)
+    real, calls = pq.read_table, []
+
+    def vanishing(path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 1:  # the first read finds its part gone: compacted away meanwhile
+            RunStore(run).compact()
+            raise FileNotFoundError(path)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(store_module.pq, "read_table", vanishing)
+    assert len(read_run(run).turns) == expected
