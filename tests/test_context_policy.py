@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from evalsuite.chat import fit_to_template
+from evalsuite.target.chat import fit_to_template
 from evalsuite.errors import UserError
 from evalsuite.replay import (FreeReplay, LoggedReplay, MethodReplay, Window, check_replay_mode, make_policy,
                               replay_type, split_for_truncation)

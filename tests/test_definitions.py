@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from evalsuite import conventions, metrics
-from evalsuite.records import STEP_SCHEMA, TURN_SCHEMA
+from evalsuite.store.records import STEP_SCHEMA, TURN_SCHEMA
 from evalsuite.report import stats
 
 

@@ -8,7 +8,7 @@ import torch
 
 from evalsuite.methods.base import Sampling, common_prefix_len, get_method
 from evalsuite.engines.hf import PrefixCache
-from evalsuite.target import TargetModel
+from evalsuite.target.model import TargetModel
 from evalsuite.testing import build_tiny_target
 
 

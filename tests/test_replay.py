@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from evalsuite.chat import fit_to_template
+from evalsuite.target.chat import fit_to_template
 from evalsuite.config import RunConfig
 from evalsuite.errors import UserError
 from tests.helpers import load_turns
-from evalsuite.runner import Runner
-from evalsuite.target import TargetModel
+from evalsuite.run.runner import Runner
+from evalsuite.target.model import TargetModel
 from evalsuite.testing import build_tiny_target
 from evalsuite.tasks.swebench import BUNDLED
 

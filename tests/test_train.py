@@ -12,7 +12,7 @@ import torch
 
 from evalsuite.methods.base import get_method
 from evalsuite.methods.checkpoints import checkpoint_sha256
-from evalsuite.target import TargetModel
+from evalsuite.target.model import TargetModel
 from evalsuite.testing import build_tiny_target
 from evalsuite.train.data import PromptOptions
 from evalsuite.train.features import FeatureCache

@@ -26,7 +26,7 @@ from transformers import Qwen3Config
 from transformers.activations import ACT2FN
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
-from evalsuite.buffers import GrowableBuffer
+from evalsuite.target.buffers import GrowableBuffer
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Method, DraftState, Proposal, common_prefix_len, tensor_bytes
 from evalsuite.methods.window import DraftRows

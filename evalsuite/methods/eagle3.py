@@ -41,7 +41,7 @@ from torch import nn
 from transformers import LlamaConfig, PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from evalsuite.buffers import GrowableBuffer
+from evalsuite.target.buffers import GrowableBuffer
 from evalsuite.catalog import SEED, MethodSpec, Option, Speculative, positive
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Method, DraftState, Proposal, Sampling, common_prefix_len, tensor_bytes

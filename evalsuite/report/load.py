@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from evalsuite import degenerate, metrics, store
+from evalsuite import degenerate, metrics
+from evalsuite.store import run_store as store
 from evalsuite.config import DRIFT_FIELDS, PER_METHOD_DRIFT_FIELDS, drift_value
 from evalsuite.conventions import BASELINE
 from evalsuite.errors import UserError
