@@ -20,8 +20,6 @@ from evalsuite.target.model import (DEFAULT_TARGET, TargetModel, parse_device, r
 
 # Published configurations of the released models (hidden sizes, depths, heads, vocabularies, windows); random
 # weights are built from these, nothing is downloaded.
-# Published configurations of the released models (hidden sizes, depths, heads, vocabularies, windows); random
-# weights are built from these, nothing is downloaded.
 SHAPES: dict[str, tuple[str, dict]] = {
     "smollm2-135m": ("llama", dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                                    num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=49152,
@@ -48,8 +46,6 @@ SHAPES: dict[str, tuple[str, dict]] = {
                            num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=131072,
                            rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)),
 }
-
-
 SHAPE_ALIASES = {"default": "smollm2-135m", "smollm2": "smollm2-135m"}
 
 

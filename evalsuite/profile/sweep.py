@@ -1,5 +1,6 @@
-"""The timed sweep of `evalsuite profile`: cost surfaces with random weights — what a forward and a draft step cost at each batch,
-context and block, on this device, for a target shape, without its weights.
+"""The timed sweep of `evalsuite profile`: cost surfaces with random weights — what a forward and a draft step cost
+at each batch, context and block, on this device, for a target shape (`evalsuite.profile.shapes`), without its
+weights.
 
 A speedup is τ times a cost ratio. τ needs the real weights; the cost ratio does not: it depends on shapes,
 batch, context and the device. So the target is built from a shape (a named one, a config.json, or the config of
@@ -20,9 +21,9 @@ Measured, with warm-up and repeats (median; on the harness's one clock, `evalsui
   the `batching` column says which;
 - the target's KV bytes per token, its weight bytes, and the peak device memory of every point (CUDA).
 
-Before every point its memory is estimated (`evalsuite.profile.memory`: weights stay resident; KV with the cache's chunk rounding,
-activations, logits, a worst-case attention transient, the drafter's state from a calibration at small
-contexts); a point over the budget is skipped and recorded (`fits` false, with the estimate), as is one that runs
+Before every point its memory is estimated (`evalsuite.profile.memory`: weights stay resident; KV with the cache's
+chunk rounding, activations, logits, a worst-case attention transient, the drafter's state from a calibration at
+small contexts); a point over the budget is skipped and recorded (`fits` false, with the estimate), as is one that runs
 out of memory anyway. Outputs: `target_cost.parquet`, `draft_cost.parquet`, `run.json`.
 """
 
@@ -53,14 +54,8 @@ from evalsuite.target.model import TargetModel
 from evalsuite.timing import DeviceClock, wall
 
 TARGET_COLUMNS = ["device", "target", "dtype", "batch", "context", "block", "ms"]
-
-
 DRAFT_COLUMNS = ["device", "target", "method", "batch", "context", "k", "draft_ms", "state_bytes"]
-
-
 EXTRA_TARGET = ["fits", "est_bytes", "peak_bytes", "note"]
-
-
 EXTRA_DRAFT = ["dtype", "drafted", "batching", "fits", "est_bytes", "peak_bytes", "note"]
 
 
