@@ -22,8 +22,8 @@ from evalsuite.engine import decode_turn
 from evalsuite.methods.base import Sampling, get_method
 from evalsuite.run.runner import PrefixCache
 from evalsuite.target.model import TargetModel
-from evalsuite.timing import DeviceClock
 from evalsuite.tasks.base import LoadOptions, get_task
+from evalsuite.timing import DeviceClock
 
 
 def prompts_from(task: str, count: int, target: TargetModel) -> list[list[int]]:

@@ -11,9 +11,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from evalsuite.target.captured import CapturedSteps, PooledCache
 from evalsuite.cli import app
 from evalsuite.errors import UserError
+from evalsuite.target.captured import CapturedSteps, PooledCache
 from evalsuite.target.model import TargetModel
 
 K = 7

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from evalsuite.target.decoder import PREFILL_CHUNK, supported
 from evalsuite.errors import UserError
+from evalsuite.target.decoder import PREFILL_CHUNK, supported
 from evalsuite.target.model import TargetModel
 from evalsuite.testing import byte_tokenizer
 

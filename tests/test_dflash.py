@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from evalsuite.errors import UserError
-from evalsuite.methods.base import get_method
 from evalsuite.methods.ar import AutoregressiveMethod
+from evalsuite.methods.base import get_method
 from evalsuite.methods.base import Sampling
 from evalsuite.methods.dflash import DeepSpecDFlashMethod, ZLabDFlashMethod
 from tests.helpers import (

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from evalsuite.errors import UserError
-from evalsuite.methods.base import get_method
 from evalsuite.methods.ar import AutoregressiveMethod
+from evalsuite.methods.base import get_method
 from evalsuite.methods.base import Sampling
 from evalsuite.target.model import TargetModel
 from tests.helpers import (

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from evalsuite.target import embedded
 from evalsuite.errors import UserError
+from evalsuite.target import embedded
 from evalsuite.target.model import TargetModel
 
 KEY = "tiny-qwen2-test"

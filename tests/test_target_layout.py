@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from evalsuite.config import WEIGHT_LAYOUTS
 from evalsuite.errors import UserError
 from evalsuite.methods.ar import AutoregressiveMethod
 from evalsuite.methods.ngram import PromptLookupMethod
-from evalsuite.config import WEIGHT_LAYOUTS
 from evalsuite.target.model import OneDnnBlockLinear, TargetModel
 from tests.helpers import PROMPTS, decode
 

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from evalsuite.target.chat import fit_to_template
 from evalsuite.cli import app
 from evalsuite.errors import UserError
+from evalsuite.target.chat import fit_to_template
 from evalsuite.target.model import TargetModel
 from evalsuite.tasks import TASKS, LoadOptions, get_task
 from evalsuite.tasks import _source

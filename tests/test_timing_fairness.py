@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from evalsuite.config import RunConfig
-from evalsuite.store.records import Step, TurnResult
 from evalsuite.errors import UserError
+from evalsuite.store.records import Step, TurnResult
 from tests.helpers import load_steps, load_turns
 from evalsuite.engines.hf import median_repeat
 from evalsuite.run.runner import Runner

@@ -13,8 +13,8 @@ import torch
 import pytest
 
 from evalsuite.errors import UserError
-from evalsuite.train import data, mixture
 from evalsuite.tasks.base import LoadOptions, get_task
+from evalsuite.train import data, mixture
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec "
          "romeo sierra tango uniform victor whiskey xray yankee zulu").split()

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import torch
 
-from evalsuite.target import embedded
 from evalsuite.bundled import bundled_path
 from evalsuite.errors import UserError
+from evalsuite.target import embedded
 from evalsuite.target.model import cached_weights_hash, weights_hash
 
 # Trained default drafters shipped with the repository (and packed into wheels), one directory per method.

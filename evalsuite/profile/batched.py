@@ -30,14 +30,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from evalsuite.target.buffers import GrowableBuffer
 from evalsuite.catalog import method_spec
 from evalsuite.methods.base import Method, Sampling
-from evalsuite.methods.dlite import DLiteMethod, block_positions
 from evalsuite.methods.dflash import ZLabDFlashMethod
+from evalsuite.methods.dlite import DLiteMethod, block_positions
 from evalsuite.methods.draft_layers import ContextCacheMethod, ContextKVCache, DraftBackbone, rotate
 from evalsuite.methods.dspark import DeepSpecMethod
 from evalsuite.methods.eagle3 import Eagle3Method
+from evalsuite.target.buffers import GrowableBuffer
 
 GREEDY = Sampling()
 BATCHED: dict[type, type] = {}  # method class → its batched counterpart (`batches`)

@@ -28,13 +28,13 @@ from typing import Callable
 import pandas as pd
 import pyarrow as pa
 
-from evalsuite.target.chat import template_features
 from evalsuite.config import TOOL_FORMATS, RunConfig
 from evalsuite.conventions import BASELINE
 from evalsuite.errors import UserError
 from evalsuite.replay.base import MethodReplay, ReplaySetup, register_replay
 from evalsuite.replay.context import ContextPolicy, Render, TurnContext
 from evalsuite.store.run_store import read_table
+from evalsuite.target.chat import template_features
 from evalsuite.tasks.base import Trajectory
 from evalsuite.tasks.environment import Environment, StepLog, Verdict, task_environment
 

@@ -28,8 +28,8 @@ import bisect
 
 import torch
 
-from evalsuite.target.decoder import FusedDecoder
 from evalsuite.errors import UserError
+from evalsuite.target.decoder import FusedDecoder
 from evalsuite.target.kv_cache import KVCache
 
 MAX_CAPTURED_CONTEXT = 131072  # the captured KV cache's size: the target's window, at most this

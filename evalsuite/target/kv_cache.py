@@ -28,8 +28,8 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, get_laye
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from evalsuite.target.buffers import GrowableBuffer
 from evalsuite.errors import UserError
+from evalsuite.target.buffers import GrowableBuffer
 
 ATTENTION = "evalsuite_sdpa"
 DEFAULT_CHUNK = 1024

@@ -18,13 +18,13 @@ import torch
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from evalsuite.target import embedded
-from evalsuite.target.chat import ChatTokenizer
-from evalsuite.target.captured import MAX_CAPTURED_CONTEXT, CapturedSteps, PooledCache
 from evalsuite.config import CACHE_KINDS, CUDA_GRAPHS, WEIGHT_LAYOUTS
-from evalsuite.target.decoder import FusedDecoder, supported
 from evalsuite.errors import UserError
 from evalsuite.hashing import file_sha256
+from evalsuite.target import embedded
+from evalsuite.target.captured import MAX_CAPTURED_CONTEXT, CapturedSteps, PooledCache
+from evalsuite.target.chat import ChatTokenizer
+from evalsuite.target.decoder import FusedDecoder, supported
 from evalsuite.target.kv_cache import ATTENTION, DynamicKVCache, KVCache, check_supported
 
 DEFAULT_TARGET = "default"
