@@ -188,25 +188,32 @@ def run_llama_cpp(args, contexts: dict[int, list[int]], ggufs: dict[str, Path]) 
 # ---- vLLM (its own venv) ---------------------------------------------------------------------------------------------
 VLLM_SCRIPT = r"""
 import json, statistics, sys, time
-from vllm import LLM, SamplingParams
-from vllm.inputs import TokensPrompt
-spec = json.load(open(sys.argv[1]))
-llm = LLM(model=spec["model"], dtype="float32", max_model_len=spec["max_len"], enable_prefix_caching=False,
-          max_num_seqs=1, seed=0)
-out = []
-for length, ids in spec["contexts"].items():
-    def run(n):
-        params = SamplingParams(max_tokens=n, min_tokens=n, temperature=0.0, ignore_eos=True)
-        return llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
-    run(2); run(spec["new_tokens"])
-    def timed(n):
-        times = []
-        for _ in range(spec["repeats"]):
-            start = time.perf_counter(); run(n); times.append(time.perf_counter() - start)
-        return statistics.median(times)
-    one, full = timed(1), timed(spec["new_tokens"])
-    out.append({"context": int(length), "ms": 1e3 * (full - one) / (spec["new_tokens"] - 1)})
-print("RESULT " + json.dumps(out))
+
+
+def main():  # under the __main__ guard: vLLM's engine core starts in a spawned process that re-imports this file
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+    spec = json.load(open(sys.argv[1]))
+    llm = LLM(model=spec["model"], dtype="float32", max_model_len=spec["max_len"], enable_prefix_caching=False,
+              max_num_seqs=1, seed=0)
+    out = []
+    for length, ids in spec["contexts"].items():
+        def run(n):
+            params = SamplingParams(max_tokens=n, min_tokens=n, temperature=0.0, ignore_eos=True)
+            return llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
+        run(2); run(spec["new_tokens"])
+        def timed(n):
+            times = []
+            for _ in range(spec["repeats"]):
+                start = time.perf_counter(); run(n); times.append(time.perf_counter() - start)
+            return statistics.median(times)
+        one, full = timed(1), timed(spec["new_tokens"])
+        out.append({"context": int(length), "ms": 1e3 * (full - one) / (spec["new_tokens"] - 1)})
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
 """
 
 
@@ -220,7 +227,7 @@ def vllm(args, contexts: dict[int, list[int]], model_dir: str) -> list[dict]:
         script = Path(tmp) / "bench.py"
         script.write_text(VLLM_SCRIPT)
         env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))},
-               "VLLM_CPU_OMP_THREADS_BIND": "all", "OMP_NUM_THREADS": str(torch.get_num_threads()),
+               "VLLM_CPU_OMP_THREADS_BIND": f"0-{torch.get_num_threads() - 1}", "OMP_NUM_THREADS": str(torch.get_num_threads()),
                "VLLM_CPU_KVCACHE_SPACE": "2"}
         done = subprocess.run([str(python), str(script), str(spec)], capture_output=True, text=True, env=env,
                               timeout=1800)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The long-context study on the 32k target (--target qwen2.5-coder-0.5b; `bash scripts/setup.sh --qwen-coder`):
-# SWE-Bench agent trajectories replayed through their logged replies up to 32k tokens, decoded only at context
+# SWE-Bench agent trajectories (--subset mini-swe-agent-long) replayed through their logged replies up to 32k tokens,
+# and LongBench v2 items cut to each point (LONGBENCH_LIMIT items, default 8; 0: none), decoded only at context
 # points (--context-points), all seven methods with the drafters shipped for this target and EAGLE-3 with a
 # 2,048-position sliding window (the label eagle3:window=2048, same drafter), then `evalsuite report`.
 # Run it on an otherwise idle machine (timings are measured); it resumes where it stopped (--resume).
@@ -50,8 +51,17 @@ fi
 $EVALSUITE run --target "$TARGET" --method "$METHODS" --task swebench --subset "$SUBSET" --sample-ids "$LIMIT_IDS" \
   --context-points "$POINTS" --max-new-tokens "$NEW_TOKENS" --repeats "$REPEATS" --seed 0 --resume \
   --out "$STAGE/runs/swebench-points"
+# LongBench v2 (the bundled items, contexts of 128k+ characters): each item decoded at every point, its context cut
+# to the longest prefix that fits the point with the question kept (docs/tasks.md), so within-item context effects
+# come from nested prefixes of one document
+if [ -n "${LONGBENCH_LIMIT:-8}" ] && [ "${LONGBENCH_LIMIT:-8}" != 0 ]; then
+  $EVALSUITE run --target "$TARGET" --method "$METHODS" --task longbench-v2 --limit "${LONGBENCH_LIMIT:-8}" \
+    --context-points "$POINTS" --max-new-tokens "$NEW_TOKENS" --repeats "$REPEATS" --seed 0 --resume \
+    --out "$STAGE/runs/longbench-points"
+  LONGBENCH_RUN="$STAGE/runs/longbench-points"
+fi
 rm -rf "$STAGE/tables" "$STAGE/figures" "$STAGE/index.html" "$STAGE/report.md"
-$EVALSUITE report "$STAGE/runs/swebench-points" --out "$STAGE" --resamples "$RESAMPLES"
+$EVALSUITE report "$STAGE/runs/swebench-points" ${LONGBENCH_RUN:-} --out "$STAGE" --resamples "$RESAMPLES"
 . benchmarks/publish_report.sh
 publish_report "$STAGE" "$OUT"  # its hand-written README is kept
 echo "long-context report in $OUT (open $OUT/index.html)"

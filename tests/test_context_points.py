@@ -73,3 +73,35 @@ def test_context_points_are_checked(tiny_llama_dir, tmp_path):
                               context_points=[100]), tmp_path / "mt")
     with pytest.raises(UserError, match="use --replay logged"):
         runner.load()
+
+
+def test_a_one_turn_document_is_decoded_at_every_point_as_nested_prefixes(tiny_llama_dir, tmp_path):
+    """LongBench v2 at --context-points: turn i is point i, the item's context cut to the longest prefix whose
+    rendered prompt (prefix, then the question) fits in the point; nested prefixes, so each point prefills only
+    what the previous one lacks; a point past the whole prompt is a recorded skip."""
+    from evalsuite.tasks.base import LoadOptions, get_task
+
+    item = get_task("longbench-v2").load(LoadOptions(limit=1))[0]
+    question = item.turns[0].new_messages[0]["content"][item.turns[0].cut_at:]
+    assert question.startswith("\n\nQuestion: ")
+    points = [256, 512, 1024, 10**7]
+    out = tmp_path / "lb"
+    runner = Runner(RunConfig(methods=["ngram"], task="longbench-v2", target=str(tiny_llama_dir),
+                              max_new_tokens=4, k=4, context_points=points, sample_ids=[item.sample_id]), out)
+    runner.load()
+    runner.run()
+    turns = load_turns(out)
+    ar = turns[turns.method == "ar"].set_index("turn").sort_index()
+    assert list(ar.index) == [0, 1, 2, 3]
+    decoded = ar[ar.stop_reason != "skipped"]
+    assert list(decoded.context_point) == points[:3]
+    assert all(p - 8 <= n <= p for n, p in zip(decoded.context_len, points))  # filled to the point
+    assert "short of the context point" in ar.skip_reason[3]
+    assert (decoded.dropped_tokens > 0).all()
+    first = turns[(turns.position == 0) & (turns.stop_reason != "skipped")].set_index("turn").prefill_tokens
+    # nested prefixes: point 1 prefills only past point 0's cut (its question and template tail come again)
+    assert decoded.context_len[1] - decoded.context_len[0] <= first[1] < decoded.context_len[1]
+    replay = runner.replays(runner.trajectories[0], ("ar",))["ar"]
+    for turn in (0, 2):  # the question is kept at the end of every cut, the document's start at its start
+        text = runner.chat.decode(replay.context(turn).ids)
+        assert question.strip()[-40:] in text and item.turns[0].new_messages[0]["content"][:40] in text

@@ -135,7 +135,7 @@ def test_agent_trajectories_are_joined_to_their_instance():
 
 
 def test_subset_names_are_checked():
-    with pytest.raises(UserError, match="swebench has subsets mini-swe-agent, swe-agent, lite, verified, full, "
+    with pytest.raises(UserError, match="swebench has subsets mini-swe-agent, mini-swe-agent-long, swe-agent, lite, verified, full, "
                                         "oracle, bm25-13k"):
         load(subset="nope")
     with pytest.raises(UserError, match="--subset swe-agent: swebench's trajectory subsets pick bundled data"):

@@ -24,6 +24,9 @@ class Turn:
     new_messages: list[dict]  # appended to the history before the model speaks
     logged_reply: dict | None = None  # the logged assistant message, for `--replay logged`
     prompt_ids: list[int] | None = None  # raw token ids: sent to the target as they are, no chat template
+    # a one-turn sample's long document: the last new message's content before this character may be cut to a
+    # prefix (the rest, e.g. the question, is kept), so that --context-points decodes it at each point
+    cut_at: int | None = None
 
 
 @dataclass

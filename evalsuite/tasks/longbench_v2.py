@@ -4,6 +4,10 @@
 long_dialogue, in_context_learning, code_repo) or structured_data (the sixth domain, not in DLite's runs).
 DLite's shards also keep only contexts of 32k-64k target tokens; no token filter is applied here.
 
+`--context-points`: each item is decoded once per point, its context cut to the longest prefix that keeps the
+rendered prompt (context prefix, then the question) within the point, so the points of one item are nested contexts
+of one document (LongBench's own scripts cut the middle instead, to fit one window).
+
 Bundled: 17 real items with full contexts (`data/longbench_v2`, index.jsonl + items/). `--data-path` takes the
 official `data.json` (a JSON array with `context`) or a JSON Lines export; `hub` loads THUDM/LongBench-v2 train.
 """
@@ -12,9 +16,9 @@ from __future__ import annotations
 
 
 from evalsuite.errors import UserError
-from evalsuite.tasks._source import HubSpec, hub_rows, local_path, read_records, single_turn_trajectories, \
-    text_field, wants_hub, HUB as HUB_WORD
-from evalsuite.tasks.base import DATA_DIR, LoadOptions, Trajectory, register_task
+from evalsuite.tasks._source import HubSpec, hub_rows, local_path, read_records, text_field, wants_hub, \
+    HUB as HUB_WORD
+from evalsuite.tasks.base import DATA_DIR, LoadOptions, Trajectory, Turn, register_task, seeded_subset
 
 PROMPT = "{context}\n\nQuestion: {question}"
 HUB = HubSpec("THUDM/LongBench-v2", split="train")
@@ -63,8 +67,12 @@ def load(options: LoadOptions) -> list[Trajectory]:
     for index, (where, row) in enumerate(rows):
         if domain and row.get("domain") != domain:
             continue
-        prompt = PROMPT.format(context=text_field(row, "context", where), question=text_field(row, "question", where))
-        items.append((f"longbench-v2-{row.get('_id') or index}", prompt))
+        context = text_field(row, "context", where)
+        prompt = PROMPT.format(context=context, question=text_field(row, "question", where))
+        items.append((f"longbench-v2-{row.get('_id') or index}", prompt, len(context)))
     if not items:
         raise UserError(f"longbench-v2: no items for --subset {options.subset}")
-    return single_turn_trajectories(items, options, meta={"subset": options.subset or "all"})
+    chosen = seeded_subset(items, options.limit, options.seed)
+    # the context may be cut to a prefix, the question kept: --context-points decodes each item at every point
+    return [Trajectory(sample_id, [Turn([{"role": "user", "content": prompt}], cut_at=cut)],
+                       meta={"subset": options.subset or "all"}) for sample_id, prompt, cut in chosen]

@@ -116,6 +116,14 @@ class Recipe:
     # the target layers it reads: (num_target_layers, options) -> layer ids (the feature cache holds them)
     feature_layers: Callable[[int, object], tuple[int, ...]] = staticmethod(lambda num_layers, options: ())
 
+    def __init__(self, target, options):
+        """What every recipe starts from: the target, its options, the device, and the target layers it reads
+        (`self.ids`)."""
+        self.target = target
+        self.options = options
+        self.device = target.device
+        self.ids = self.feature_layers(target.num_layers, options)
+
     def modules(self) -> dict[str, nn.Module]:
         raise NotImplementedError
 

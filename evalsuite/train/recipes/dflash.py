@@ -76,10 +76,7 @@ class DFlashRecipe(Recipe):
     feature_layers = staticmethod(feature_layers)
 
     def __init__(self, target, cache: FeatureCache, options: DFlashOptions, train_sequences: list[int]):
-        self.target = target
-        self.options = options
-        self.device = target.device
-        self.ids = feature_layers(target.num_layers, options)
+        super().__init__(target, options)
         self.mask, self.mask_how = default_mask_token_id(target)
         self.layer_config = qwen3_layer_config(target, options.layers, options.intermediate_size)
         cfg = qwen3_config(self.layer_config, "dflash training")

@@ -115,11 +115,8 @@ class DLiteRecipe(Recipe):
     feature_layers = staticmethod(feature_layers)
 
     def __init__(self, target, cache: FeatureCache, options: DLiteOptions, train_sequences: list[int]):
-        self.target = target
-        self.options = options
-        self.device = target.device
-        L = target.num_layers
-        ids = feature_layers(L, options)
+        super().__init__(target, options)
+        L, ids = target.num_layers, self.ids
         mask, self.mask_how = default_mask_token_id(target)
         self.settings = DLiteSettings(options.block_size, 1, ids, L, options.rank, mask)
         self.layer_config = qwen3_layer_config(target, options.layers, options.intermediate_size)

@@ -64,10 +64,8 @@ class DSparkRecipe(Recipe):
     feature_layers = staticmethod(feature_layers)
 
     def __init__(self, target, cache: FeatureCache, options: DSparkOptions, train_sequences: list[int]):
-        self.target = target
-        self.options = options
-        self.device = target.device
-        ids = feature_layers(target.num_layers, options)
+        super().__init__(target, options)
+        ids = self.ids
         mask, self.mask_how = default_mask_token_id(target)
         rank = options.markov_rank
         self.layout = DeepSpecLayout(options.block_size, mask, ids, target.num_layers, rank,

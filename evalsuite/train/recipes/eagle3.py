@@ -70,11 +70,8 @@ class Eagle3Recipe(Recipe):
     feature_layers = staticmethod(feature_layers)
 
     def __init__(self, target, cache: FeatureCache, options: Eagle3Options, train_sequences: list[int]):
-        self.target = target
-        self.options = options
-        self.device = target.device
+        super().__init__(target, options)
         L = target.num_layers
-        self.ids = feature_layers(L, options)
         config = {k: v for k, v in target.config.to_dict().items()
                   if k not in ("model_type", "auto_map", "architectures", "transformers_version")}
         config.update(architectures=[SPECFORGE], model_type="llama", num_hidden_layers=1,
