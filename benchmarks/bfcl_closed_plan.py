@@ -3,7 +3,7 @@
     python benchmarks/bfcl_closed_plan.py --methods ar,ngram,suffix --n 10 --new-tokens 256 --repeats 3
 
 Each run's configuration is loaded as the runner loads it (target, methods, data), warmed up and its costs measured,
-then `evalsuite.plan.make_plan` prints what `evalsuite run` would print before decoding; nothing is written but each
+then `evalsuite.run.plan.make_plan` prints what `evalsuite run` would print before decoding; nothing is written but each
 run's run.json under a temporary directory. A closed loop's plan counts one decode per user turn (replies not yet
 written call no tool): a lower bound, as the plan itself says; benchmarks/results/bfcl_closed/README.md gives the
 decodes per user turn a trial found.
@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 
 from evalsuite.config import RunConfig
-from evalsuite.plan import make_plan
-from evalsuite.runner import Runner
+from evalsuite.run.plan import make_plan
+from evalsuite.run.runner import Runner
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from evalsuite.captured import CapturedSteps
+from evalsuite.target.captured import CapturedSteps
 
 K = 7
 

@@ -5,8 +5,8 @@ weights are read once too. So the floor of one forward is (weight bytes + KV byt
 verify of a few tokens should cost little more than a one-token decode at any context. This prints, for each
 context length, the median one-token decode time, the verify time of blocks of 2, 4 and 8 tokens, each ÷ the
 decode, and the row's memory floor with the copy bandwidth measured in the same run — for each `--cache`:
-`dynamic` (transformers' DynamicCache and SDPA: the engine before evalsuite.kv_cache) and `static`
-(evalsuite.kv_cache: preallocated buffers, in-place writes, GQA-folded attention on views).
+`dynamic` (transformers' DynamicCache and SDPA: the engine before evalsuite.target.kv_cache) and `static`
+(evalsuite.target.kv_cache: preallocated buffers, in-place writes, GQA-folded attention on views).
 
 Timing: each shape is warmed up first; cache kinds and block sizes are interleaved so that load drift hits all
 alike; the context is random token ids (attention cost does not depend on the values). Threads: what torch
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from evalsuite.target import TargetModel
+from evalsuite.target.model import TargetModel
 from evalsuite.timing import DeviceClock
 
 BLOCKS = (1, 2, 4, 8)

@@ -39,14 +39,14 @@ import torch
 from evalsuite.catalog import METHODS, method_spec
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Method, Sampling, get_method
-from evalsuite.profile import SHAPES, real_text_ids, shape_config
-from evalsuite.profile import random_target as profile_random_target
-from evalsuite.target import TargetModel
+from evalsuite.profile.shapes import SHAPES, real_text_ids, shape_config
+from evalsuite.profile.shapes import random_target as profile_random_target
+from evalsuite.target.model import TargetModel
 from evalsuite.timing import DeviceClock
 
 BASELINES = ("ar", "ngram")
 
-# Randomly initialised targets built from a config (no download): the shapes of evalsuite.profile.
+# Randomly initialised targets built from a config (no download): the shapes of evalsuite.profile.shapes.
 RANDOM_TARGETS = {"qwen3-8b-random": "qwen3-8b", "qwen3-4b-random": "qwen3-4b"}
 # `--tiny`: the random-target code path at toy sizes (deep enough for distinct feature layers).
 TINY_SHAPE = SHAPES["tiny"][1]
@@ -72,7 +72,7 @@ class Row:
 # ---- set-up -----------------------------------------------------------------------------------------------------
 def random_target(shape: str, name: str, device: str, dtype: torch.dtype, kv_cache: str = "static",
                   compile: bool = False, weight_layout: str = "row-major", cuda_graphs: str = "off") -> TargetModel:
-    """A named shape of evalsuite.profile with random weights, as loaded (row-major weights unless told)."""
+    """A named shape of evalsuite.profile.shapes with random weights, as loaded (row-major weights unless told)."""
     config, _ = shape_config(shape)
     return profile_random_target(config, name, device, dtype, weight_layout, compile=compile, kv_cache=kv_cache,
                                  cuda_graphs=cuda_graphs)

@@ -20,10 +20,10 @@ import torch
 
 from evalsuite.engine import decode_turn
 from evalsuite.methods.base import Sampling, get_method
-from evalsuite.runner import PrefixCache
-from evalsuite.target import TargetModel
-from evalsuite.timing import DeviceClock
+from evalsuite.run.runner import PrefixCache
+from evalsuite.target.model import TargetModel
 from evalsuite.tasks.base import LoadOptions, get_task
+from evalsuite.timing import DeviceClock
 
 
 def prompts_from(task: str, count: int, target: TargetModel) -> list[list[int]]:

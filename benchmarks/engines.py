@@ -260,8 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from context_cost import copy_bandwidth, kv_bytes_per_token, weight_bytes
-    from evalsuite import embedded
-    from evalsuite.target import TargetModel
+    from evalsuite.target import embedded
+    from evalsuite.target.model import TargetModel
 
     target = TargetModel.load(args.target)
     contexts = {int(c): agent_context(target, int(c)) for c in args.contexts.split(",")}

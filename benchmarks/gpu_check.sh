@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The engine on a GPU, in one short run (about 5 minutes on one H200): a Qwen3-8B-shaped target with random bf16
-# weights. First whether the CUDA-graph path (evalsuite.captured, `--cuda-graphs`) gives the fused decoder's greedy
+# weights. First whether the CUDA-graph path (evalsuite.target.captured, `--cuda-graphs`) gives the fused decoder's greedy
 # tokens (captured_check.py: exits non-zero if not); then `ar` ms/token against the memory floor (weight + KV
 # bytes ÷ the copy bandwidth measured in the same run) and verify-2/4/8 ÷ decode at 1k, 8k and 32k context for
 # the fused decoder with and without CUDA graphs and the Hugging Face decoder compiled; then each drafter's draft ms

@@ -111,7 +111,7 @@ def reference_run(target: str, out: Path, args) -> tuple[float, float]:
 def compare(got_dir: Path, ref_dir: Path) -> dict:
     import pandas as pd
 
-    from evalsuite.store import RunStore, read_run
+    from evalsuite.store.run_store import RunStore, read_run
 
     counts = {"lost": 0, "duplicated": 0, "extra": 0, "differing": 0, "leftovers": 0}
     got_run, ref_run = read_run(got_dir), read_run(ref_dir)
@@ -139,7 +139,7 @@ def _value(value):
 
 
 def orphan_present(out: Path) -> bool:
-    from evalsuite.store import RunStore
+    from evalsuite.store.run_store import RunStore
 
     return any(p.name.endswith(".parquet") for p in RunStore(out).leftovers())
 
@@ -150,7 +150,7 @@ def kill_resume(target: str, work: Path, args: argparse.Namespace, say=print) ->
     startup_s, decode_s = reference_run(target, reference, args)
     say(f"reference: start-up {startup_s:.1f} s, decoding {decode_s:.1f} s")
     outcome = Outcome(reference_rows=_rows(reference))
-    from evalsuite.store import read_run
+    from evalsuite.store.run_store import read_run
 
     while outcome.kills < args.kills:
         outcome.rounds += 1
@@ -193,7 +193,7 @@ def kill_resume(target: str, work: Path, args: argparse.Namespace, say=print) ->
 
 
 def _rows(run_dir: Path) -> int:
-    from evalsuite.store import read_run
+    from evalsuite.store.run_store import read_run
 
     tables = read_run(run_dir)
     return len(tables.turns) + len(tables.steps)

@@ -31,8 +31,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from evalsuite.chat import fit_to_template  # noqa: E402
-from evalsuite.target import TargetModel  # noqa: E402
+from evalsuite.target.chat import fit_to_template  # noqa: E402
+from evalsuite.target.model import TargetModel  # noqa: E402
 from evalsuite.train import data as data_mod  # noqa: E402
 from evalsuite.train import mixture  # noqa: E402
 from evalsuite.train import mixture  # noqa: E402

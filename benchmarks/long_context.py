@@ -2,7 +2,7 @@
 
 Runs `evalsuite run --method ar,ngram,dlite --task swebench` on a folder holding one trajectory (default
 django__django-10999, 10 turns, 32 new tokens), once with `--kv-cache dynamic` (transformers' DynamicCache,
-the engine before) and once with `--kv-cache static` (evalsuite.kv_cache), one run after the other, then
+the engine before) and once with `--kv-cache static` (evalsuite.target.kv_cache), one run after the other, then
 prints from the records, per engine:
 - per context band: the median `ar` one-token decode (the verify forward of a step that drafted nothing),
   the median verify of steps that sent k drafts (k+1 tokens), and their ratio;
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from evalsuite.records import load_steps, load_turns
+from evalsuite.store.records import load_steps, load_turns
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAJECTORIES = ROOT / "data" / "swebench_trajectories" / "mini-swe-agent_gemini-3-pro_verified" / "trajs"

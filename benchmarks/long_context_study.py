@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 from evalsuite.replay import LoggedReplay, Window, make_policy
-from evalsuite.target import load_chat
+from evalsuite.target.model import load_chat
 from evalsuite.tasks.base import LoadOptions, get_task
 
 

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from evalsuite.records import load_turns
+from evalsuite.store.records import load_turns
 
 
 def run(label: str, out: Path, args: argparse.Namespace, extra: list[str], threads: int) -> float:

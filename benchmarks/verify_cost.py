@@ -18,7 +18,7 @@ import statistics
 
 import torch
 
-from evalsuite.target import TargetModel
+from evalsuite.target.model import TargetModel
 from evalsuite.timing import DeviceClock
 
 LAYOUTS = ("row-major", "column-major", "column-major+onednn")

@@ -81,7 +81,7 @@ class MethodSpec:
     repeatable: bool = True  # a turn decoded again does the same work (a learning method can forget the turn)
     windowable: bool = False  # keeps a draft KV cache over the context: takes `window` (docs/methods.md §7)
     batched: bool = False  # `evalsuite profile` at batch > 1 runs its own modules over a batch axis (a counterpart
-    # registered with `evalsuite.methods.batched.batches`); False: B sequential copies (host-side work per request)
+    # registered with `evalsuite.profile.batched.batches`); False: B sequential copies (host-side work per request)
     engines: dict[str, Speculative] = field(default_factory=dict)  # engine → how it names and runs this method
     # (only engines with `EngineSpec.own_methods` read it; every other engine runs every method)
     not_in: dict[str, str] = field(default_factory=dict)  # engine → why it cannot run this method

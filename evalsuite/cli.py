@@ -238,9 +238,9 @@ def run(
 def _run_here(config, run_dir: Path, task: str, k: int, temperature: float) -> None:
     from transformers.utils import logging as hf_logging
 
-    from evalsuite.plan import make_plan
-    from evalsuite.resume import resume_command
-    from evalsuite.runner import Progress as RunProgress, Runner
+    from evalsuite.run.plan import make_plan
+    from evalsuite.run.resume import resume_command
+    from evalsuite.run.runner import Progress as RunProgress, Runner
 
     hf_logging.disable_progress_bar()  # our own status line and bar; errors stay one line
     runner = Runner(config, run_dir)
@@ -508,7 +508,7 @@ def profile(
 ):
     """Cost surfaces with random weights: target decode/verify ms and draft ms over batch × context × block."""
     from evalsuite import contention
-    from evalsuite.profile import parse_sizes, run_profile
+    from evalsuite.profile.sweep import parse_sizes, run_profile
 
     if target and target_shape:
         raise UserError("give --target or --target-shape, not both")
@@ -590,7 +590,7 @@ def concurrency(
     """Keep N trajectories in flight through vLLM: throughput, per-request ITL P50/P95, speedup vs vLLM's ar."""
     from evalsuite.concurrency import run_concurrency
     from evalsuite.config import RunConfig
-    from evalsuite.profile import parse_sizes
+    from evalsuite.profile.sweep import parse_sizes
 
     methods = [m.strip() for m in method.split(",") if m.strip()]
     config = RunConfig(
@@ -651,7 +651,7 @@ def compact(
     run_dirs: list[Path] = typer.Argument(..., help="Finished run directories.", show_default=False),
 ):
     """Merge a finished run's parts into one Parquet file per table (the rows are unchanged)."""
-    from evalsuite.store import RunStore, read_run
+    from evalsuite.store.run_store import RunStore, read_run
 
     for run_dir in run_dirs:
         if not (run_dir / "run.json").is_file():

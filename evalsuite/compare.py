@@ -20,7 +20,7 @@ import pandas as pd
 from evalsuite import metrics
 from evalsuite.conventions import SKIPPED, SPEEDUP, TAU
 from evalsuite.errors import UserError
-from evalsuite.store import RunTables, read_run
+from evalsuite.store.run_store import RunTables, read_run
 
 KEYS = ["method", "sample_id", "turn"]
 NEAR_TIE = 0.1  # logits: a top-2 margin below this at T=0 is a near-tie
@@ -122,7 +122,7 @@ def divergence_margins(both: pd.DataFrame, run_dir: Path, label_ref: str, target
     """Adds `margin` (top-1 minus top-2 logit of the reference target at the first divergence) and `near_tie`."""
     import torch
 
-    from evalsuite.target import TargetModel
+    from evalsuite.target.model import TargetModel
 
     both = both.copy()
     both["margin"], both["near_tie"] = float("nan"), pd.array([None] * len(both), dtype="boolean")

@@ -35,8 +35,8 @@ from evalsuite.config import RunConfig, portable_paths
 from evalsuite.conventions import BASELINE
 from evalsuite.errors import UserError
 from evalsuite.replay import MethodReplay
-from evalsuite.runner import Runner, turn_seed
-from evalsuite.store import SCHEMAS
+from evalsuite.run.runner import Runner, turn_seed
+from evalsuite.store.run_store import SCHEMAS
 
 COLUMNS = ["engine", "method", "concurrency", "trajectories", "requests", "output_tokens", "wall_s",
            "throughput_tok_s", "itl_ms_p50", "itl_ms_p95", "ttft_ms_p50", "tau", "speedup_throughput",

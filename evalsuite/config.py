@@ -43,7 +43,7 @@ class RunConfig:
     device: str = "cpu"
     dtype: str | None = None
     weight_layout: str = "auto"  # the target's Linear weight storage (TargetModel.load); resolved in run.json
-    kv_cache: str = "static"  # the target's KV cache: static (evalsuite.kv_cache) | dynamic (transformers')
+    kv_cache: str = "static"  # the target's KV cache: static (evalsuite.target.kv_cache) | dynamic (transformers')
     compile: bool = False  # decode and verify forwards through torch.compile
     cuda_graphs: str = "auto"  # decode and verify forwards replayed from CUDA graphs: auto (on CUDA) | on | off
     k: int = 7

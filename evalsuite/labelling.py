@@ -22,7 +22,7 @@ from evalsuite.replay import stored_contexts
 from evalsuite.report.spans import load_spans
 from evalsuite.spans import (DEFAULT_THRESHOLD, LABELLER_VERSION, SPANS_SCHEMA, SPANS_TABLE, SpanRecord, label_turn,
                              skipped_turn, span_rows)
-from evalsuite.store import read_run, write_added
+from evalsuite.store.run_store import read_run, write_added
 
 
 @dataclass
@@ -63,7 +63,7 @@ def label_run(run_dir: str | Path, threshold: int = DEFAULT_THRESHOLD, chat=None
     if todo.empty:
         return summary
     if chat is None:
-        from evalsuite.target import load_chat
+        from evalsuite.target.model import load_chat
 
         chat = load_chat(target or config.get("target") or "default")
     task = config.get("task", "")

@@ -59,7 +59,7 @@ class ReplayWorker:
     def __init__(self, config, run_dir: str, threads: int, gpus: float):
         from dataclasses import replace
 
-        from evalsuite.runner import Runner
+        from evalsuite.run.runner import Runner
 
         self.error: UserError | None = None
         self.runner = Runner(replace(config, threads=threads), Path(run_dir))
@@ -90,7 +90,7 @@ class ReplayWorker:
     def run_unit(self, sample_id: str) -> dict:
         """Decode one trajectory with every method, write its turns; return what the driver's bar shows: per method,
         τ's sums over the steps it recorded (`metrics.tau_sums`)."""
-        from evalsuite.runner import Progress
+        from evalsuite.run.runner import Progress
 
         sums: dict[str, list] = {}
 
@@ -126,8 +126,8 @@ def run_on_ray(config, run_dir: Path, say: Callable[[str], None] = print,
     ray = import_ray()
     from ray.util import ActorPool
 
-    from evalsuite.runner import write_run_config
-    from evalsuite.store import RunStore
+    from evalsuite.run.runner import write_run_config
+    from evalsuite.store.run_store import RunStore
 
     config = _absolute_paths(config)
     run_dir = Path(run_dir).resolve()

@@ -306,7 +306,7 @@ def skipped_turn(*, task: str, method: str, sample_id: str, turn: int, reason: s
 
 
 # ---- the table ---------------------------------------------------------------------------------------------------
-SPANS_TABLE = "spans"  # spans.parquet/ in the run directory, read and written by evalsuite.store
+SPANS_TABLE = "spans"  # spans.parquet/ in the run directory, read and written by evalsuite.store.run_store
 SPANS_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("method", pa.string()), ("task", pa.string()), ("sample_id", pa.string()),
     ("turn", pa.int64()), ("context_len", pa.int64()), ("context_sha256", pa.string()), ("n_tokens", pa.int64()),

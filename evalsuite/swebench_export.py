@@ -2,7 +2,7 @@
 
 For every recorded method, one `predictions.jsonl` with one row per decoded single-turn sample:
 `{"instance_id", "model_name_or_path", "model_patch"}`. The reply is the turn's `output_ids` (turns.parquet)
-decoded with the target's tokenizer (`evalsuite.target.load_chat`: tokenizer and template, no weights; from the
+decoded with the target's tokenizer (`evalsuite.target.model.load_chat`: tokenizer and template, no weights; from the
 run's `target_path` where it is on this machine, else its `target`, or `--tokenizer`; checked against the run's
 `tokenizer_sha256`), special tokens skipped as the runner decodes them; the patch is cut from it with SWE-bench's
 own `extract_diff` (swebench.inference.make_datasets.utils, as its run_api does). Samples are left out, and counted,
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from evalsuite.conventions import SKIPPED
 from evalsuite.errors import UserError
-from evalsuite.store import read_run
+from evalsuite.store.run_store import read_run
 from evalsuite.tasks._swebench_data import EXTRA_HINT
 
 SAMPLE_PREFIX = "swebench-"
@@ -67,7 +67,7 @@ def target_spec(config: dict, tokenizer: str | None = None) -> str:
 
 def load_run_chat(config: dict, tokenizer: str | None = None):
     """The run's target tokenizer and template (no weights), checked against the run's tokenizer_sha256."""
-    from evalsuite.target import load_chat
+    from evalsuite.target.model import load_chat
 
     spec = target_spec(config, tokenizer)
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from evalsuite.target import TargetModel
+from evalsuite.target.model import TargetModel
 from evalsuite.testing import build_tiny_target
 
 torch.set_num_threads(1)  # tiny models: threads only add overhead and contention on a 2-core machine

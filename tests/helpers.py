@@ -22,9 +22,9 @@ from evalsuite import degenerate
 from evalsuite.engines.hf import PrefixCache
 from evalsuite.engines.loop import decode_turn
 from evalsuite.methods.base import Method, Proposal, Sampling
-from evalsuite.records import StepRecord, TurnRecord
-from evalsuite.store import RunStore, read_run
-from evalsuite.target import TargetModel
+from evalsuite.store.records import StepRecord, TurnRecord
+from evalsuite.store.run_store import RunStore, read_run
+from evalsuite.target.model import TargetModel
 from evalsuite.timing import DeviceClock
 
 # Method layer sizes deliberately unlike the tiny target's (4 heads / 2 KV / head_dim 16): the drafter's

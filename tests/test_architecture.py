@@ -36,11 +36,19 @@ def test_the_contracts_hold():
 
 
 @pytest.mark.parametrize("module, planted, contract", [
-    ("methods/ngram.py", "from evalsuite.runner import Runner", "Layers point down"),
+    ("methods/ngram.py", "from evalsuite.run.runner import Runner", "Layers point down"),
     ("engines/loop.py", "from evalsuite.report import stats", "Layers point down"),
-    ("store.py", "import torch", "need no torch"),
-    ("spans.py", "from evalsuite.store import read_table", "Layers point down"),
-    ("report/tables.py", "from evalsuite.target import TargetModel", "need no torch"),
+    ("store/run_store.py", "import torch", "need no torch"),
+    ("store/records.py", "from evalsuite.target.model import TargetModel", "need no torch"),
+    ("target/chat.py", "from evalsuite.store.records import Step", "Layers point down"),
+    ("target/model.py", "from evalsuite.run import plan", "Layers point down"),
+    ("target/buffers.py", "from evalsuite.target.kv_cache import KVCache", "target is built from its parts"),
+    ("store/records.py", "from evalsuite.store.run_store import read_run", "store sits on its records"),
+    ("run/resume.py", "from evalsuite.run.plan import make_plan", "run's modules are layered"),
+    ("profile/batched.py", "from evalsuite.profile import sweep", "profile is layered"),
+    ("profile/memory.py", "from evalsuite.profile.shapes import SHAPES", "profile is layered"),
+    ("spans.py", "from evalsuite.store.run_store import read_table", "Layers point down"),
+    ("report/tables.py", "from evalsuite.target.model import TargetModel", "need no torch"),
     ("train/data.py", "from evalsuite.train import mixture", "Training sources sit below their selection"),
     ("report/figures.py", "from evalsuite.report.tables import Table", "report's modules are layered"),
     ("report/formatting.py", "from evalsuite.report import policy", "report's modules are layered"),
@@ -61,7 +69,8 @@ def test_the_report_and_the_store_import_without_torch():
             "        if name.split('.')[0] in ('torch', 'transformers'):\n"
             "            raise ImportError('blocked: ' + name)\n"
             "sys.meta_path.insert(0, Block())\n"
-            "import evalsuite.report, evalsuite.report.build, evalsuite.report.stats, evalsuite.store, "
+            "import evalsuite.report, evalsuite.report.build, evalsuite.report.stats, evalsuite.store.run_store, "
+            "evalsuite.store.records, evalsuite.run.resume, evalsuite.target.chat, evalsuite.target.embedded, "
             "evalsuite.metrics, evalsuite.config, evalsuite.report.summary\n"
             "from evalsuite.config import RunConfig\n"
             "RunConfig(methods=['dlite', 'ngram'], task='swebench').validate()\n"

@@ -1,4 +1,4 @@
-"""The captured path (evalsuite/captured.py) on CPU: the static-shape forwards a CUDA graph records, run eagerly
+"""The captured path (evalsuite/target/captured.py) on CPU: the static-shape forwards a CUDA graph records, run eagerly
 (`graphs=False`), against transformers' eager code — logits, hidden states and greedy tokens for blocks of 1 … k+1
 tokens after a growing context that crosses a span boundary, with rollbacks — and the leased cache's refusals.
 The capture itself needs a GPU (benchmarks/gpu_check.sh)."""
@@ -11,10 +11,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from evalsuite.captured import CapturedSteps, PooledCache
 from evalsuite.cli import app
 from evalsuite.errors import UserError
-from evalsuite.target import TargetModel
+from evalsuite.target.captured import CapturedSteps, PooledCache
+from evalsuite.target.model import TargetModel
 
 K = 7
 LAYERS = (-1, 0, 1)

@@ -14,7 +14,7 @@ from evalsuite.methods import checkpoints
 from evalsuite.methods.checkpoints import (
     detect_method, drafter_source, load_checkpoint, load_state_dict, load_weights, resolve_checkpoint_dir,
 )
-from evalsuite.target import weights_hash
+from evalsuite.target.model import weights_hash
 
 
 @pytest.mark.parametrize("config, method", [

@@ -17,7 +17,7 @@ import pytest
 from evalsuite.config import RunConfig
 from evalsuite.errors import UserError
 from evalsuite.replay import Window, make_policy
-from evalsuite.store import read_run
+from evalsuite.store.run_store import read_run
 from evalsuite.tasks import LoadOptions, get_task
 from evalsuite.testing import build_tiny_target
 
@@ -72,7 +72,7 @@ def tools_target(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def native_run(tools_target, bfcl_dir, tmp_path_factory):
-    from evalsuite.runner import Runner
+    from evalsuite.run.runner import Runner
 
     out = tmp_path_factory.mktemp("closed-fc") / "t0"
     config = closed_config(tools_target, bfcl_dir, out)
@@ -217,7 +217,7 @@ def test_at_t0_a_drafting_methods_loop_equals_ars(native_run):
 
 
 def test_a_template_without_tools_defaults_to_prompt(tmp_path, bfcl_dir):
-    from evalsuite.runner import Runner
+    from evalsuite.run.runner import Runner
 
     target = build_tiny_target(tmp_path / "plain", "llama", max_positions=8192)
     runner = Runner(closed_config(target, bfcl_dir, tmp_path / "out", methods=["ar"], max_turns=1), tmp_path / "out",
@@ -311,7 +311,7 @@ def test_native_loop_never_evaluates_model_text(entry, tmp_path):
 # ---- the report -----------------------------------------------------------------------------------------------
 def test_the_report_has_a_closed_loop_section_live_against_replayed(native_run, tools_target, bfcl_dir, tmp_path):
     from evalsuite.report.build import write_report
-    from evalsuite.runner import Runner
+    from evalsuite.run.runner import Runner
 
     import shutil
 

@@ -21,9 +21,9 @@ from evalsuite.config import RunConfig
 from evalsuite.engines.hf import HfEngine
 from evalsuite.replay import Window, make_policy
 from evalsuite.report.load import load_results
-from evalsuite.runner import Progress, Runner
-from evalsuite.store import read_run
-from evalsuite.target import load_chat
+from evalsuite.run.runner import Progress, Runner
+from evalsuite.store.run_store import read_run
+from evalsuite.target.model import load_chat
 from evalsuite.tasks import LoadOptions, get_task
 from evalsuite.tasks.base import DATA_DIR
 from evalsuite.testing import build_tiny_target
@@ -310,7 +310,7 @@ def test_the_cli_plans_and_runs_a_closed_loop(target_dir, bfcl_dir, tmp_path):
     from typer.testing import CliRunner
 
     from evalsuite.cli import app
-    from evalsuite.plan import pending_turns
+    from evalsuite.run.plan import pending_turns
 
     out = tmp_path / "cli"
     try:

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from evalsuite.cli import app
 from evalsuite.config import RunConfig
 from evalsuite.errors import UserError
-from evalsuite.runner import Runner
+from evalsuite.run.runner import Runner
 from tests.helpers import load_turns
 
 

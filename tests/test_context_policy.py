@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from evalsuite.chat import fit_to_template
 from evalsuite.errors import UserError
 from evalsuite.replay import (FreeReplay, LoggedReplay, MethodReplay, Window, check_replay_mode, make_policy,
                               replay_type, split_for_truncation)
-from evalsuite.testing import byte_tokenizer
+from evalsuite.target.chat import fit_to_template
 from evalsuite.tasks.base import Trajectory, Turn
+from evalsuite.testing import byte_tokenizer
 
 TOKENIZER = byte_tokenizer()
 CALL = {"function": {"name": "sh", "arguments": {"cmd": "ls"}}}

@@ -1,4 +1,4 @@
-"""The fused decoder (evalsuite/decoder.py) against transformers' eager code on tiny random targets: logits, hidden
+"""The fused decoder (evalsuite/target/decoder.py) against transformers' eager code on tiny random targets: logits, hidden
 states and greedy tokens for one-token decodes, verify blocks of 1 … k+1 tokens (padded to the packed row count
 or not) after a growing context, chunked prefills, batches, and the cache it leaves."""
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from evalsuite.decoder import PREFILL_CHUNK, supported
 from evalsuite.errors import UserError
-from evalsuite.target import TargetModel
+from evalsuite.target.decoder import PREFILL_CHUNK, supported
+from evalsuite.target.model import TargetModel
 from evalsuite.testing import byte_tokenizer
 
 K = 7

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from evalsuite import conventions, metrics
-from evalsuite.records import STEP_SCHEMA, TURN_SCHEMA
 from evalsuite.report import stats
+from evalsuite.store.records import STEP_SCHEMA, TURN_SCHEMA
 
 
 def steps_frame(rows):

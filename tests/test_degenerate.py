@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 
 from evalsuite import degenerate
-from evalsuite.records import TurnKey, TurnResult
 from evalsuite.replay import TurnContext
 from evalsuite.report import decisions
-from evalsuite.runner import Decode
+from evalsuite.run.runner import Decode
+from evalsuite.store.records import TurnKey, TurnResult
 from tests.helpers import frames, steps_with_tau, turn_row
 
 

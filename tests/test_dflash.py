@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from evalsuite.errors import UserError
-from evalsuite.methods.base import get_method
 from evalsuite.methods.ar import AutoregressiveMethod
+from evalsuite.methods.base import get_method
 from evalsuite.methods.base import Sampling
 from evalsuite.methods.dflash import DeepSpecDFlashMethod, ZLabDFlashMethod
 from tests.helpers import (
@@ -82,7 +82,7 @@ def test_block_layouts_hand_worked(tiny_qwen3_dir, tmp_path):
     """Context of n=5 tokens, anchor at position 5. z-lab b16: block = [anchor, MASK×15] at positions 5…20, the
     mask at position 5+k proposes the token at 5+k (slot k, k ≥ 1). DeepSpec block7: block at 5…11, slot j
     proposes the token at 5+j+1 (slot 0, the anchor, predicts too)."""
-    from evalsuite.target import TargetModel
+    from evalsuite.target.model import TargetModel
 
     target = TargetModel.load(str(tiny_qwen3_dir))
     ids = torch.tensor([1, 40, 41, 42, 43, 77])  # anchor 77 at position 5
@@ -121,7 +121,7 @@ def test_block_layouts_hand_worked(tiny_qwen3_dir, tmp_path):
 def test_draft_cache_equals_rebuild_from_scratch(tiny_qwen3_dir, tmp_path, layout):
     """After every verify step (rejections included) the cache holds exactly the context: a long turn's block
     outputs equal those of a drafter whose cache is rebuilt from the whole context at that step."""
-    from evalsuite.target import TargetModel
+    from evalsuite.target.model import TargetModel
 
     target = TargetModel.load(str(tiny_qwen3_dir))
     path = zlab_checkpoint(tmp_path / "z", target) if layout == "zlab" else \
@@ -155,7 +155,7 @@ def test_random_init_default(tiny_target):
 
 
 def test_history_bytes_grow_with_context(tiny_qwen3_dir):
-    from evalsuite.target import TargetModel
+    from evalsuite.target.model import TargetModel
 
     target = TargetModel.load(str(tiny_qwen3_dir))
     drafter = build(target, {"drafter": "random"})
@@ -177,7 +177,7 @@ def test_history_bytes_grow_with_context(tiny_qwen3_dir):
     (lambda c: c["dflash_config"].pop("mask_token_id"), "lacks 'mask_token_id'"),
 ])
 def test_mismatch_is_a_one_line_error(tiny_qwen3_dir, tmp_path, change, message):
-    from evalsuite.target import TargetModel
+    from evalsuite.target.model import TargetModel
 
     target = TargetModel.load(str(tiny_qwen3_dir))
     path = zlab_checkpoint(tmp_path / "z", target)
@@ -190,7 +190,7 @@ def test_mismatch_is_a_one_line_error(tiny_qwen3_dir, tmp_path, change, message)
 
 
 def test_block7_final_target_layer_is_refused(tiny_qwen3_dir, tmp_path):
-    from evalsuite.target import TargetModel
+    from evalsuite.target.model import TargetModel
 
     target = TargetModel.load(str(tiny_qwen3_dir))
     path = deepspec_checkpoint(tmp_path / "b7", target, layer_ids=(0, 1, 3), markov_rank=0, confidence=False)
@@ -200,7 +200,7 @@ def test_block7_final_target_layer_is_refused(tiny_qwen3_dir, tmp_path):
 
 def test_block7_samples_at_temperature_from_its_lm_head(tiny_qwen3_dir, tmp_path):
     """DeepSpec block7 (no Markov head) draws every slot from softmax(lm_head(h_j) / T) and reports exactly that."""
-    from evalsuite.target import TargetModel
+    from evalsuite.target.model import TargetModel
 
     target = TargetModel.load(str(tiny_qwen3_dir))
     path = deepspec_checkpoint(tmp_path / "b7", target, markov_rank=0, confidence=False)

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from evalsuite.errors import UserError
-from evalsuite.methods.base import get_method
 from evalsuite.methods.ar import AutoregressiveMethod
+from evalsuite.methods.base import get_method
 from evalsuite.methods.base import Sampling
 from evalsuite.methods.dlite import dlite_layer_ids
-from evalsuite.target import TargetModel
+from evalsuite.target.model import TargetModel
 from tests.helpers import PROMPT, decode, dlite_checkpoint
 
 build = get_method("dlite").factory

@@ -10,12 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from evalsuite import embedded
 from evalsuite.errors import UserError
 from evalsuite.methods import checkpoints
 from evalsuite.methods.base import get_method
 from evalsuite.methods.checkpoints import drafter_source, shipped_default, trained_for
-from evalsuite.target import TargetModel, weights_hash
+from evalsuite.target import embedded
+from evalsuite.target.model import TargetModel, weights_hash
 from evalsuite.testing import build_tiny_target
 from tests.helpers import dlite_checkpoint
 

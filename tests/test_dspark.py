@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from evalsuite.errors import UserError
-from evalsuite.methods.base import get_method
 from evalsuite.methods.ar import AutoregressiveMethod
+from evalsuite.methods.base import get_method
 from evalsuite.methods.base import Sampling
-from evalsuite.target import TargetModel
+from evalsuite.target.model import TargetModel
 from tests.helpers import (
     PROMPT, assert_cache_matches_rebuild, decode, deepspec_checkpoint, scripted_commits,
 )

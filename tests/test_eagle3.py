@@ -11,13 +11,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from evalsuite.engines.hf import PrefixCache
 from evalsuite.errors import UserError
 from evalsuite.methods.ar import AutoregressiveMethod
 from evalsuite.methods.base import Sampling
 from evalsuite.methods.draft_layers import evenly_spaced_zlab
 from evalsuite.methods.eagle3 import DEEPSPEC, SPECFORGE, DraftKVCache, Eagle3Method, build
-from evalsuite.engines.hf import PrefixCache
-from evalsuite.target import TargetModel
+from evalsuite.target.model import TargetModel
 from evalsuite.testing import build_tiny_target
 from tests import helpers
 

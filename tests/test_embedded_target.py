@@ -1,4 +1,4 @@
-"""Embedded targets shipped as GGUF parts in PyPI packages (evalsuite/embedded.py), without the 500 MB download: a
+"""Embedded targets shipped as GGUF parts in PyPI packages (evalsuite/target/embedded.py), without the 500 MB download: a
 tiny Qwen2-shaped model is written as a GGUF here (gguf's GGUFWriter, some tensors Q8_0), cut into parts held by
 stand-in installed distributions, and goes through the same path as `--target qwen2.5-coder-0.5b`: locate the
 parts (importlib.metadata) → assemble → check sha256 and general.name → dequantize → safetensors →
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from evalsuite import embedded
 from evalsuite.errors import UserError
-from evalsuite.target import TargetModel
+from evalsuite.target import embedded
+from evalsuite.target.model import TargetModel
 
 KEY = "tiny-qwen2-test"
 NAME = "Tiny Qwen2 Test Instruct"

@@ -12,7 +12,7 @@ from evalsuite.engines.acceptance import accept_greedy, accept_rejection, target
 from evalsuite.methods.ar import AutoregressiveMethod
 from evalsuite.methods.base import Sampling
 from evalsuite.methods.ngram import PromptLookupMethod
-from evalsuite.target import TargetModel
+from evalsuite.target.model import TargetModel
 from evalsuite.testing import tiny_config
 from tests.helpers import PROMPTS, OracleMethod, RandomMethod, decode
 

@@ -16,9 +16,9 @@ from evalsuite import bundled
 from evalsuite.cli import app
 from evalsuite.errors import UserError
 from tests.helpers import load_turns
-from evalsuite.target import cached_weights_hash, weights_hash
-from evalsuite.testing import drop_chat_template
+from evalsuite.target.model import cached_weights_hash, weights_hash
 from evalsuite.tasks.base import LoadOptions, get_task
+from evalsuite.testing import drop_chat_template
 from tests.helpers import dlite_checkpoint
 
 cli = CliRunner()

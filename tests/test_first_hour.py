@@ -114,7 +114,7 @@ def test_the_plan_estimates_from_measured_costs(tiny_llama_dir, tmp_path):
 
 
 def test_a_long_plan_offers_a_sized_command(tiny_llama_dir, tmp_path, monkeypatch):
-    from evalsuite import plan as plan_module
+    from evalsuite.run import plan as plan_module
 
     monkeypatch.setattr(plan_module, "LONG_PLAN_S", 0.0)
     monkeypatch.setattr(plan_module, "SIZED_TARGET_S", 1e9)
@@ -145,7 +145,7 @@ def test_a_run_that_fails_before_its_first_turn_leaves_no_directory(tiny_llama_d
 
 
 def test_an_unexpected_error_is_one_line_with_its_own_message(tmp_path):
-    code = ("import evalsuite.runner as r\n"
+    code = ("import evalsuite.run.runner as r\n"
             "def broken(*a, **k):\n"
             "    raise AttributeError('module numpy has no attribute from_pyarrow')\n"
             "r.Runner.load = broken\n"

@@ -10,7 +10,7 @@ from evalsuite.cli import app
 from evalsuite.methods.ar import AutoregressiveMethod
 from evalsuite.methods.ngram import PromptLookupMethod
 from tests.helpers import load_steps, load_turns
-from evalsuite.target import TargetModel
+from evalsuite.target.model import TargetModel
 
 pytestmark = pytest.mark.integration
 

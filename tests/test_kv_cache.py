@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from evalsuite.cli import app
 from evalsuite.errors import UserError
-from evalsuite.kv_cache import GrowableLayer, KVCache, gqa_sdpa
+from evalsuite.target.kv_cache import GrowableLayer, KVCache, gqa_sdpa
 from tests.helpers import load_turns
-from evalsuite.target import TargetModel
+from evalsuite.target.model import TargetModel
 from evalsuite.testing import byte_tokenizer
 
 LAYERS = (-1, 0, 2)
@@ -161,7 +161,7 @@ def test_per_layer_attention_types_run_or_fail_in_one_line(tiny_gemma3_dir, tmp_
 
 
 def test_unsupported_layer_types_are_a_one_line_error(tiny_gemma3_dir, monkeypatch):
-    import evalsuite.kv_cache as kv_cache
+    import evalsuite.target.kv_cache as kv_cache
 
     monkeypatch.setattr(kv_cache, "get_layer_types_and_kwargs", lambda config: (["linear_attention"] * 8, [{}] * 8))
     with pytest.raises(UserError, match="--kv-cache dynamic"):

@@ -11,12 +11,12 @@ from evalsuite import metrics
 from evalsuite.compare import engines_side_by_side
 from evalsuite.config import RunConfig
 from evalsuite.conventions import SKIPPED
-from evalsuite.records import TurnRecord
 from evalsuite.report import stats
 from evalsuite.report.load import load_results
 from evalsuite.report.summary import summary_rows
-from evalsuite.runner import Progress, Runner
-from evalsuite.store import read_run
+from evalsuite.run.runner import Progress, Runner
+from evalsuite.store.records import TurnRecord
+from evalsuite.store.run_store import read_run
 
 
 def record(method: str, decode_s: float, new_tokens: int, stop_reason: str = "eos") -> TurnRecord:

@@ -173,8 +173,8 @@ def test_every_learned_method_has_its_recipe_and_every_recipe_a_learned_method()
 def test_batching_is_what_the_method_declares():
     import torch
 
-    from evalsuite.methods import batched
     from evalsuite.methods.base import Method
+    from evalsuite.profile import batched
 
     for name, spec in METHODS.items():
         module = __import__(f"evalsuite.methods.{spec.module}", fromlist=["build"])

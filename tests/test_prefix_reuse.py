@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from evalsuite.methods.base import Sampling, common_prefix_len, get_method
 from evalsuite.engines.hf import PrefixCache
-from evalsuite.target import TargetModel
+from evalsuite.methods.base import Sampling, common_prefix_len, get_method
+from evalsuite.target.model import TargetModel
 from evalsuite.testing import build_tiny_target
 
 

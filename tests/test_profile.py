@@ -14,10 +14,11 @@ from typer.testing import CliRunner
 from evalsuite.cli import app
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Sampling, get_method
-from evalsuite.methods.batched import batched_drafter
-from evalsuite.profile import (build_target, kv_bytes_per_token, parse_sizes, random_target, run_profile,
-                               shape_config, target_point_bytes)
-from evalsuite.target import TargetModel
+from evalsuite.profile.batched import batched_drafter
+from evalsuite.profile.memory import kv_bytes_per_token, target_point_bytes
+from evalsuite.profile.shapes import build_target, random_target, shape_config
+from evalsuite.profile.sweep import parse_sizes, run_profile
+from evalsuite.target.model import TargetModel
 
 B = 3
 
@@ -148,9 +149,9 @@ def test_profile_writes_both_tables_and_skips_what_does_not_fit(tmp_path):
 
 
 def test_weights_that_do_not_fit_are_refused_before_allocating(monkeypatch):
-    from evalsuite import profile
+    from evalsuite.profile import memory
 
-    monkeypatch.setattr(profile, "_meminfo", lambda key: 1 << 30)  # 1 GiB available: an 8B shape cannot load
+    monkeypatch.setattr(memory, "_meminfo", lambda key: 1 << 30)  # 1 GiB available: an 8B shape cannot load
     with pytest.raises(UserError, match="weights need .* GiB"):
         build_target(None, "qwen3-8b", "cpu", None)
 

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from evalsuite.chat import fit_to_template
 from evalsuite.config import RunConfig
 from evalsuite.errors import UserError
+from evalsuite.target.chat import fit_to_template
 from tests.helpers import load_turns
-from evalsuite.runner import Runner
-from evalsuite.target import TargetModel
-from evalsuite.testing import build_tiny_target
+from evalsuite.run.runner import Runner
+from evalsuite.target.model import TargetModel
 from evalsuite.tasks.swebench import BUNDLED
+from evalsuite.testing import build_tiny_target
 
 SWE_ID = "django__django-13512"  # the shortest first three turns of the 30 (about 6.6k bytes)
 SWE_FILE = BUNDLED["mini-swe-agent"] / SWE_ID / f"{SWE_ID}.traj.json"

@@ -18,10 +18,10 @@ from typer.testing import CliRunner
 from evalsuite.cli import app
 from evalsuite.config import RunConfig
 from evalsuite.report.load import load_results
-from evalsuite.resume import differences, resume_command, resumed_config
-from evalsuite.runner import Progress, Runner
-from evalsuite.store import RunStore, read_run
-from evalsuite.target import TargetModel
+from evalsuite.run.resume import differences, resume_command, resumed_config
+from evalsuite.run.runner import Progress, Runner
+from evalsuite.store.run_store import RunStore, read_run
+from evalsuite.target.model import TargetModel
 from tests.helpers import load_steps, load_turns
 
 cli = CliRunner()
@@ -163,7 +163,7 @@ def test_every_reader_ignores_an_orphaned_part_and_resume_cleans_it(finished_run
 
 
 def test_a_stored_turn_is_never_rewritten(finished_run):
-    from evalsuite.records import TurnRecord
+    from evalsuite.store.records import TurnRecord
 
     row = read_run(finished_run).turns.iloc[0]
     record = TurnRecord(**{k: row[k] for k in TurnRecord.__dataclass_fields__})

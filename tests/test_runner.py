@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from evalsuite.cli import app
-from evalsuite.records import STEP_SCHEMA, TURN_SCHEMA
+from evalsuite.store.records import STEP_SCHEMA, TURN_SCHEMA
 from tests.helpers import load_steps, load_turns
 
 cli = CliRunner()
@@ -91,7 +91,7 @@ def test_run_json_records_the_configuration(ngram_run):
     assert env["versions"]["torch"] and env["device_name"] and env["git_commit"]
     assert len(config["target_sha256"]) == 64
     assert config["drafters"]["ngram"]["max_ngram"] == 3
-    assert config["weight_layout"] == "fused"  # "auto" resolved: evalsuite.decoder supports the tiny Llama
+    assert config["weight_layout"] == "fused"  # "auto" resolved: evalsuite.target.decoder supports the tiny Llama
     assert config["packed_block_rows"] == config["k"] + 1  # MKL-packed verify blocks of up to k+1 rows
 
 

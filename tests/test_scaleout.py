@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from evalsuite.cli import app
-from evalsuite.store import read_run
+from evalsuite.store.run_store import read_run
 from tests.helpers import load_steps, load_turns
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")

@@ -10,11 +10,11 @@ import sys
 import pytest
 
 from evalsuite import spans
-from evalsuite.records import TurnRecord
 from evalsuite.report.spans import load_spans
 from evalsuite.spans import (SPANS_SCHEMA, SPANS_TABLE, SpanRecord, char_kinds, copy_lengths, label_turn, span_rows,
                              token_char_spans)
-from evalsuite.store import RunStore, read_run, write_added
+from evalsuite.store.records import TurnRecord
+from evalsuite.store.run_store import RunStore, read_run, write_added
 from tests.helpers import turn, write_run
 
 END = 1  # the fake tokenizer's end-of-turn token

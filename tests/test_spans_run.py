@@ -15,7 +15,7 @@ from evalsuite.cli import app
 from evalsuite.labelling import label_run
 from evalsuite.report.spans import (acceptance_by_span, copy_ratio_by_task, copy_ratio_per_turn, load_spans,
                                     span_paragraph)
-from evalsuite.store import RunStore
+from evalsuite.store.run_store import RunStore
 from tests.helpers import load_steps, load_turns
 
 cli = CliRunner()
@@ -165,7 +165,7 @@ def test_compare_rebuilds_the_same_contexts(labelled_runs, tiny_qwen3_dir):
     """`evalsuite compare` and `evalsuite label` share one rebuild (replay.stored_contexts)."""
     from evalsuite.compare import turn_contexts
     from evalsuite.spans import ids_hash
-    from evalsuite.target import load_chat
+    from evalsuite.target.model import load_chat
 
     chat = load_chat(str(tiny_qwen3_dir))
     for run in labelled_runs.values():

@@ -50,7 +50,7 @@ def test_max_spec_factor_limits_drafts_to_the_match_length():
 
 
 def test_the_global_tree_learns_from_earlier_replies(tiny_llama_dir):
-    from evalsuite.target import TargetModel
+    from evalsuite.target.model import TargetModel
 
     target = TargetModel.load(str(tiny_llama_dir))
     prompt = list(range(4, 40))  # no repetition inside the prompt to draft from
@@ -76,7 +76,7 @@ def test_the_global_tree_learns_from_earlier_replies(tiny_llama_dir):
 
 
 def test_history_bytes_grow_within_a_turn(tiny_llama_dir):
-    from evalsuite.target import TargetModel
+    from evalsuite.target.model import TargetModel
 
     target = TargetModel.load(str(tiny_llama_dir))
     result = decode(target, SuffixMethod(target.device), PROMPTS[2], 40, k=3)

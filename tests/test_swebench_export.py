@@ -14,12 +14,12 @@ from evalsuite.cli import app
 from evalsuite.config import RunConfig
 from evalsuite.errors import UserError
 from evalsuite.hashing import text_hash
-from evalsuite.records import TurnRecord
-from evalsuite.store import RunStore
-from evalsuite.runner import Runner
-from evalsuite.target import TargetModel
-from evalsuite.testing import build_tiny_target
+from evalsuite.run.runner import Runner
+from evalsuite.store.records import TurnRecord
+from evalsuite.store.run_store import RunStore
+from evalsuite.target.model import TargetModel
 from evalsuite.tasks._swebench_data import BUNDLED_LITE
+from evalsuite.testing import build_tiny_target
 from tests.helpers import load_turns
 
 pytest.importorskip("swebench.harness.utils")

@@ -6,18 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 
+from evalsuite.config import WEIGHT_LAYOUTS
 from evalsuite.errors import UserError
 from evalsuite.methods.ar import AutoregressiveMethod
 from evalsuite.methods.ngram import PromptLookupMethod
-from evalsuite.config import WEIGHT_LAYOUTS
-from evalsuite.target import OneDnnBlockLinear, TargetModel
+from evalsuite.target.model import OneDnnBlockLinear, TargetModel
 from tests.helpers import PROMPTS, decode
 
 LAYOUTS = [layout for layout in WEIGHT_LAYOUTS if layout != "auto"]
 
 
 def test_auto_on_cpu_is_fused_and_the_hf_fallback_is_column_major_with_onednn_blocks(tiny_llama_dir):
-    assert TargetModel.load(str(tiny_llama_dir)).weight_layout == "fused"  # evalsuite.decoder (tests/test_decoder.py)
+    assert TargetModel.load(str(tiny_llama_dir)).weight_layout == "fused"  # evalsuite.target.decoder (tests/test_decoder.py)
     target = TargetModel.load(str(tiny_llama_dir), kv_cache="dynamic")  # the HF decoder: auto as before
     assert target.weight_layout == "column-major+onednn"
     linears = [m for m in target.model.modules() if isinstance(m, torch.nn.Linear)]

@@ -1,5 +1,5 @@
 """Task adapters on their bundled data (or SYNTHETIC fixtures for the hub-only ones): counts, roles, golden
-prompts, seeded subsets; malformed records; hub fallbacks; the tool fallback of `evalsuite.chat`."""
+prompts, seeded subsets; malformed records; hub fallbacks; the tool fallback of `evalsuite.target.chat`."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from evalsuite.chat import fit_to_template
 from evalsuite.cli import app
 from evalsuite.errors import UserError
-from evalsuite.target import TargetModel
+from evalsuite.target.chat import fit_to_template
+from evalsuite.target.model import TargetModel
 from evalsuite.tasks import TASKS, LoadOptions, get_task
 from evalsuite.tasks import _source
 
@@ -452,7 +452,7 @@ def test_hub_rows_pass_the_reference_ids_to_datasets(monkeypatch):
     assert calls[-1] == ("google-research-datasets/mbpp", "sanitized", "test")
 
 
-# ---- evalsuite.chat on a template with native tool support ------------------------------------------------------
+# ---- evalsuite.target.chat on a template with native tool support ------------------------------------------------------
 def test_templates_with_tool_support_get_the_messages_unchanged():
     template = "{% for m in messages %}{{ m.role }}{% if m.tool_calls %}{% endif %}{% if m.role == 'tool' %}" \
                "{% endif %}{% endfor %}{% if tools %}{% endif %}"

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from evalsuite.config import RunConfig
-from evalsuite.records import Step, TurnResult
 from evalsuite.errors import UserError
+from evalsuite.store.records import Step, TurnResult
 from tests.helpers import load_steps, load_turns
 from evalsuite.engines.hf import median_repeat
-from evalsuite.runner import Runner
+from evalsuite.run.runner import Runner
 from evalsuite.timing import DeviceClock, wall
 
 

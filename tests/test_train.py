@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
+from evalsuite.errors import UserError
 from evalsuite.methods.base import get_method
 from evalsuite.methods.checkpoints import checkpoint_sha256
-from evalsuite.target import TargetModel
+from evalsuite.target.model import TargetModel
 from evalsuite.testing import build_tiny_target
 from evalsuite.train.data import PromptOptions
 from evalsuite.train.features import FeatureCache
 from evalsuite.train.generate import GenerationOptions
-from evalsuite.errors import UserError
 from evalsuite.train.loop import LoopOptions, Trainer, sample_batch, split_sequences
 from evalsuite.train.pipeline import TrainRequest, build_recipe, train
 from evalsuite.train.recipes.common import parse_overrides, recipe_for

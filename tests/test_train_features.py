@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from evalsuite.target import TargetModel
+from evalsuite.target.model import TargetModel
 from evalsuite.testing import build_tiny_target
 from evalsuite.train.features import FeatureCache, FeatureSpec, build_features, share_prefixes
 from evalsuite.train.generate import Sequence

@@ -8,7 +8,7 @@ import torch
 from evalsuite.methods.dlite import DLiteModel, DLiteSettings, block_positions
 from evalsuite.methods.draft_layers import FusedContextBackbone, init_random_, qwen3_config
 from evalsuite.methods.eagle3 import DraftKVCache, Eagle3Model, spec_for_target
-from evalsuite.target import TargetModel
+from evalsuite.target.model import TargetModel
 from evalsuite.testing import build_tiny_target
 from evalsuite.train.forward import SharedContext, block_layers, eagle3_ttt
 from evalsuite.train.recipes.common import qwen3_layer_config

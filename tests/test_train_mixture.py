@@ -13,8 +13,8 @@ import torch
 import pytest
 
 from evalsuite.errors import UserError
-from evalsuite.train import data, mixture
 from evalsuite.tasks.base import LoadOptions, get_task
+from evalsuite.train import data, mixture
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec "
          "romeo sierra tango uniform victor whiskey xray yankee zulu").split()
@@ -280,7 +280,7 @@ def test_logged_labels_feed_the_agent_reply_and_label_it_with_the_targets_predic
     """--agent-labels logged: a trajectory context's response is its logged assistant reply, rendered through the
     target's template (nothing generated); the feature cache labels it with the target's own greedy predictions.
     Chat prompts are still regenerated."""
-    from evalsuite.target import TargetModel
+    from evalsuite.target.model import TargetModel
     from evalsuite.testing import build_tiny_target
     from evalsuite.train.features import FeatureCache
     from evalsuite.train.generate import GenerationOptions, read_sequences

@@ -12,13 +12,13 @@ import pytest
 from typer.testing import CliRunner
 
 from evalsuite.cli import app
+from evalsuite.compare import compare_turns, engines_side_by_side, first_divergence
 from evalsuite.config import RunConfig
 from evalsuite.engines import vllm_engine
-from evalsuite.compare import compare_turns, engines_side_by_side, first_divergence
 from evalsuite.engines.vllm_steps import rebuild_steps
 from evalsuite.errors import UserError
-from evalsuite.records import TURN_SCHEMA, STEP_SCHEMA, StepRecord, TurnRecord
-from evalsuite.store import RunTables
+from evalsuite.store.records import TURN_SCHEMA, STEP_SCHEMA, StepRecord, TurnRecord
+from evalsuite.store.run_store import RunTables
 
 cli = CliRunner()
 

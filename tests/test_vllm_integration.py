@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from evalsuite.cli import app
 from evalsuite.compare import compare_turns, divergence_margins
-from evalsuite.records import STEP_SCHEMA, TURN_SCHEMA
+from evalsuite.store.records import STEP_SCHEMA, TURN_SCHEMA
 from tests.helpers import load_steps, load_turns, requires_vllm
 
 pytestmark = pytest.mark.vllm

@@ -26,7 +26,7 @@ from evalsuite.errors import UserError
 from evalsuite.methods.base import Sampling
 from evalsuite.methods.eagle3 import Eagle3Method
 from evalsuite.methods.window import SLACK
-from evalsuite.target import TargetModel
+from evalsuite.target.model import TargetModel
 from evalsuite.testing import build_tiny_target
 from tests.helpers import PROMPT, decode, load_turns
 
@@ -287,7 +287,7 @@ def test_a_variant_takes_its_base_settings_and_drafter():
 def test_window_is_refused_where_it_is_not_measured():
     with pytest.raises(UserError, match="--engine vllm: method 'eagle3:window=8' with a label or a window"):
         RunConfig(methods=["eagle3:window=8"], task="gsm8k", engine="vllm").validate()
-    from evalsuite.profile import profile_options
+    from evalsuite.profile.sweep import profile_options
 
     with pytest.raises(UserError, match="a draft window is not profiled"):
         profile_options("eagle3:window=8", {})

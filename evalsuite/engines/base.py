@@ -12,8 +12,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Callable
 
-from evalsuite.chat import ChatTokenizer
-from evalsuite.records import TurnResult
+from evalsuite.store.records import TurnResult
+from evalsuite.target.chat import ChatTokenizer
 
 
 class Engine(ABC):

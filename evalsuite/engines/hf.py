@@ -25,8 +25,8 @@ from evalsuite.engines.base import Engine
 from evalsuite.engines.loop import decode_turn
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Method, Sampling, common_prefix_len, get_method
-from evalsuite.records import TurnResult
-from evalsuite.target import TargetModel, cache_root, cached_weights_hash
+from evalsuite.store.records import TurnResult
+from evalsuite.target.model import TargetModel, cache_root, cached_weights_hash
 from evalsuite.timing import DeviceClock
 
 

@@ -32,10 +32,10 @@ from typing import Callable
 
 import torch
 
-from evalsuite.methods.base import Method, Proposal, Sampling
-from evalsuite.records import Step, TurnResult
 from evalsuite.engines.acceptance import accept_greedy, accept_rejection, sample_from, target_probs
-from evalsuite.target import TargetModel
+from evalsuite.methods.base import Method, Proposal, Sampling
+from evalsuite.store.records import Step, TurnResult
+from evalsuite.target.model import TargetModel
 from evalsuite.timing import DeviceClock
 
 

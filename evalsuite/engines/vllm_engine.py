@@ -32,8 +32,8 @@ from evalsuite.catalog import EngineSpec, engine_refusal, engine_spec, method_sp
 from evalsuite.engines.base import Engine
 from evalsuite.errors import UserError
 from evalsuite.methods.checkpoints import checkpoint_sha256, drafter_source, read_config, resolve_checkpoint_dir
-from evalsuite.records import Step, TurnResult
-from evalsuite.target import cached_weights_hash, load_chat
+from evalsuite.store.records import Step, TurnResult
+from evalsuite.target.model import cached_weights_hash, load_chat
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "vllm_worker.py"

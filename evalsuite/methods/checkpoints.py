@@ -32,10 +32,10 @@ from pathlib import Path
 
 import torch
 
-from evalsuite import embedded
 from evalsuite.bundled import bundled_path
 from evalsuite.errors import UserError
-from evalsuite.target import cached_weights_hash, weights_hash
+from evalsuite.target import embedded
+from evalsuite.target.model import cached_weights_hash, weights_hash
 
 # Trained default drafters shipped with the repository (and packed into wheels), one directory per method.
 DEFAULT_DRAFTER_ROOT = bundled_path("baselines/drafters")
@@ -49,7 +49,7 @@ _REPORT = "training_report.json"  # written by `evalsuite train` beside the chec
 class TrainedFor:
     """The target a drafter was trained against, as its training report (or config.json) records it."""
 
-    sha256: str  # the target's weights hash (`evalsuite.target.weights_hash`), as run.json records target_sha256
+    sha256: str  # the target's weights hash (`evalsuite.target.model.weights_hash`), as run.json records target_sha256
     name: str = ""
 
 
@@ -89,7 +89,7 @@ def drafter_source(method: str, options: dict, target=None) -> str | None:
 def shipped_default(method: str, target=None) -> Path:
     """The shipped drafter of `method` for `target`: among `baselines/drafters/<method>/` and
     `baselines/drafters/<sub>/<method>/`, the one whose recorded target weights hash is the target's; else the
-    directory registered for the embedded target of that name (evalsuite/embedded.py), else
+    directory registered for the embedded target of that name (evalsuite/target/embedded.py), else
     `baselines/drafters/<method>/` (which `check_fit` then refuses if it was made for another target). Without a
     target: `baselines/drafters/<method>/`."""
     root = DEFAULT_DRAFTER_ROOT

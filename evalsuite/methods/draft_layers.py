@@ -26,10 +26,10 @@ from transformers import Qwen3Config
 from transformers.activations import ACT2FN
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
-from evalsuite.buffers import GrowableBuffer
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Method, DraftState, Proposal, common_prefix_len, tensor_bytes
 from evalsuite.methods.window import DraftRows
+from evalsuite.target.buffers import GrowableBuffer
 
 INIT_STD = 0.02  # HF `initializer_range` default, used for random-init drafters
 

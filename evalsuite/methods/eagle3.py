@@ -41,14 +41,14 @@ from torch import nn
 from transformers import LlamaConfig, PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from evalsuite.buffers import GrowableBuffer
 from evalsuite.catalog import SEED, MethodSpec, Option, Speculative, positive
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Method, DraftState, Proposal, Sampling, common_prefix_len, tensor_bytes
 from evalsuite.methods.checkpoints import check_fit, drafter_source, load_checkpoint, load_weights
-from evalsuite.methods.window import DraftRows
 from evalsuite.methods.draft_layers import (RMSNorm, SwiGLU, choose_token, evenly_spaced_zlab, init_random_,
                                             full_attention_rope, materialize, qwen3_config, rotate)
+from evalsuite.methods.window import DraftRows
+from evalsuite.target.buffers import GrowableBuffer
 
 
 SPEC = MethodSpec(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from evalsuite.buffers import GrowableBuffer
+from evalsuite.target.buffers import GrowableBuffer
 
 SLACK = 64  # rows a windowed cache may hold beyond W: a proposal's entries and a commit (k <= 64), or a block
 

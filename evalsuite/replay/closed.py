@@ -28,13 +28,13 @@ from typing import Callable
 import pandas as pd
 import pyarrow as pa
 
-from evalsuite.chat import template_features
 from evalsuite.config import TOOL_FORMATS, RunConfig
 from evalsuite.conventions import BASELINE
 from evalsuite.errors import UserError
 from evalsuite.replay.base import MethodReplay, ReplaySetup, register_replay
 from evalsuite.replay.context import ContextPolicy, Render, TurnContext
-from evalsuite.store import read_table
+from evalsuite.store.run_store import read_table
+from evalsuite.target.chat import template_features
 from evalsuite.tasks.base import Trajectory
 from evalsuite.tasks.environment import Environment, StepLog, Verdict, task_environment
 
@@ -198,7 +198,7 @@ class ClosedReplay(MethodReplay):
         rendering = ""
         if config.tool_format == NATIVE and not template_features(chat_template or "")["tools"]:
             rendering = ("this chat template takes no tools: they, the calls and the results are rendered as text in "
-                         "the Hermes convention, evalsuite/chat.py")
+                         "the Hermes convention, evalsuite/target/chat.py")
         return describe_closed_loop(task_environment(config.task), config.temperature, config.tool_format, rendering)
 
     def has_turn(self, index: int) -> bool:

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from evalsuite import degenerate, metrics, store
+from evalsuite import degenerate, metrics
 from evalsuite.config import DRIFT_FIELDS, PER_METHOD_DRIFT_FIELDS, drift_value
 from evalsuite.conventions import BASELINE
 from evalsuite.errors import UserError
+from evalsuite.store import run_store as store
 
 # Drift fields that legitimately differ between runs of *different* tasks; they must agree only among runs of
 # the same task (otherwise two rows of one table column would come from different protocols).

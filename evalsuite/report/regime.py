@@ -2,7 +2,7 @@
 
 Pure functions over stored tables (no torch): the cost surfaces of `evalsuite profile` (target_cost.parquet,
 draft_cost.parquet, run.json) and, optionally, runs of `evalsuite run` (their steps and turns, read by
-`evalsuite.store.read_run`; τ and speedup by `evalsuite.metrics`).
+`evalsuite.store.run_store.read_run`; τ and speedup by `evalsuite.metrics`).
 
 The model. A method's step drafts, then verifies a block of (drafts + 1) tokens in one target forward, and emits
 the accepted drafts plus one. Against one-token decoding at the same batch and context:
@@ -208,7 +208,7 @@ class RunSteps:
 
 
 def load_runs(paths: list[Path]) -> RunSteps:
-    from evalsuite.store import read_run
+    from evalsuite.store.run_store import read_run
 
     steps, turns, labels, configs = [], [], [], []
     for i, path in enumerate(paths):

@@ -41,7 +41,7 @@ from evalsuite.conventions import BASELINE
 from evalsuite.errors import UserError
 from evalsuite.spans import (COPY_SPANS, DEFAULT_THRESHOLD, KINDS, LABELLER_VERSION, SPANS_SCHEMA, SPANS_TABLE,
                              of_version)
-from evalsuite.store import read_table
+from evalsuite.store.run_store import read_table
 SPANS = (*KINDS, *COPY_SPANS, "all")
 # Tasks whose samples carry function schemas, where a JSON object or call list is a tool call; elsewhere (MT-Bench,
 # GSM8K, SWE-Bench's mini-swe-agent, which acts through shell code blocks) the labeller's `tool_call` kind is

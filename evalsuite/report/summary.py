@@ -10,7 +10,7 @@ from pathlib import Path
 from evalsuite import metrics
 from evalsuite.conventions import BASELINE, CONTENDED_CORES
 from evalsuite.report import stats
-from evalsuite.store import read_run
+from evalsuite.store.run_store import read_run
 
 
 def summary_rows(run_dir: str | Path) -> list[dict]:

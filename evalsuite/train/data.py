@@ -151,7 +151,7 @@ def load_jsonl_conversations(path: Path) -> list[tuple[str, list[tuple[str, str]
 
 def message_text(message: dict) -> str:
     """A message's text for filtering and held-out checks: its content plus its tool calls as text."""
-    from evalsuite.chat import render_tool_call
+    from evalsuite.target.chat import render_tool_call
 
     content = message.get("content")
     parts = [content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)] if content else []

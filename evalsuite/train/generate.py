@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from evalsuite.chat import fit_to_template
+from evalsuite.target.chat import fit_to_template
 from evalsuite.train.data import Conversation
 
 

@@ -25,7 +25,7 @@ import torch
 
 from evalsuite.errors import UserError
 from evalsuite.hashing import file_sha256
-from evalsuite.target import TargetModel, cache_root, weights_hash
+from evalsuite.target.model import TargetModel, cache_root, weights_hash
 from evalsuite.train import data as data_mod
 from evalsuite.train import mixture
 from evalsuite.train.features import FeatureCache, FeatureSpec, build_features

@@ -4,7 +4,7 @@ Tools are built from `multi_turn_func_doc/<class>.json` for each involved class,
 sending native tools (its `func_doc_language_specific_pre_processing` + `convert_to_tool`): the Python-syntax
 hint appended to each description, "." → "_" in names, parameters.type "object", and the Gorilla → OpenAPI type
 map (a float also gets `format: float` and " This is a float type value."). The target's chat template renders
-them (see `evalsuite.chat` for templates without tool support).
+them (see `evalsuite.target.chat` for templates without tool support).
 
 Logged replay (the default) uses the ground-truth calls of turn k (`possible_answer/…`, python call strings)
 as turn k's assistant message, as OpenAI-style tool calls; positional arguments take the parameter names in the

@@ -19,7 +19,7 @@ import torch
 
 from evalsuite import metrics
 from evalsuite.conventions import BASELINE
-from evalsuite.resume import program
+from evalsuite.run.resume import program
 from evalsuite.tasks.base import LoadOptions
 from evalsuite.timing import DeviceClock
 

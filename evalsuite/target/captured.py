@@ -28,9 +28,9 @@ import bisect
 
 import torch
 
-from evalsuite.decoder import FusedDecoder
 from evalsuite.errors import UserError
-from evalsuite.kv_cache import KVCache
+from evalsuite.target.decoder import FusedDecoder
+from evalsuite.target.kv_cache import KVCache
 
 MAX_CAPTURED_CONTEXT = 131072  # the captured KV cache's size: the target's window, at most this
 SPANS = (256, 1024, 2048, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152, 65536, 98304, 131072)

@@ -5,7 +5,7 @@ K and V per layer, a copy that grows with the context), and its `StaticCache` at
 preallocated length and cannot be cropped. Speculative decoding verifies a short block after a long
 context and then rolls back the rejected tail, so what it needs is:
 
-- `GrowableLayer`: per-layer K/V in `evalsuite.buffers.GrowableBuffer`s `[batch, kv_heads, capacity, head_dim]`,
+- `GrowableLayer`: per-layer K/V in `evalsuite.target.buffers.GrowableBuffer`s `[batch, kv_heads, capacity, head_dim]`,
   allocated once and grown in chunks when a longer context arrives; `update` writes the new block in place and
   returns *views* of the filled length (no copy); `crop` only moves the length back. The engine decodes at
   batch 1; a batch of equal-length rows works the same way (`TargetModel.forward_batch`, the cost surfaces of
@@ -28,8 +28,8 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, get_laye
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from evalsuite.buffers import GrowableBuffer
 from evalsuite.errors import UserError
+from evalsuite.target.buffers import GrowableBuffer
 
 ATTENTION = "evalsuite_sdpa"
 DEFAULT_CHUNK = 1024
@@ -78,7 +78,7 @@ class GrowableLayer(DynamicLayer):
 
     def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole preallocated K and V, [batch, kv_heads, capacity, head_dim] (written by position, not by
-        `update`, on the captured path: evalsuite.captured)."""
+        `update`, on the captured path: evalsuite.target.captured)."""
         return self._k.data, self._v.data
 
     def advance(self, tokens: int) -> None:

@@ -1,4 +1,4 @@
-"""One growable buffer for every cache in the harness: the target's KV cache (evalsuite.kv_cache) and the
+"""One growable buffer for every cache in the harness: the target's KV cache (evalsuite.target.kv_cache) and the
 drafters' own KV caches (evalsuite.methods.draft_layers, evalsuite.methods.eagle3).
 
 A `GrowableBuffer` is a tensor preallocated along one axis; writes go in place and return views of the filled

@@ -13,7 +13,7 @@ projections, norms, heads and kernels) over a leading batch axis:
   after another: `batching = "sequential"`, and the cost at batch B is the sum.
 
 Which it is, the method declares (`MethodSpec.batched`, evalsuite.catalog); a batched counterpart registers itself
-for the method classes it runs with `@batches(...)` (here, or in a new method's own file), and a method that
+for the method classes it runs with `@batches(...)` (here: the profile sits above the methods), and a method that
 declares `batched` without one is an error, never a silent fall-back to sequential copies.
 
 All streams have the same context length (uniform lengths), drafting is greedy (T = 0), and a step is what the
@@ -30,14 +30,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from evalsuite.buffers import GrowableBuffer
 from evalsuite.catalog import method_spec
 from evalsuite.methods.base import Method, Sampling
-from evalsuite.methods.dlite import DLiteMethod, block_positions
 from evalsuite.methods.dflash import ZLabDFlashMethod
+from evalsuite.methods.dlite import DLiteMethod, block_positions
 from evalsuite.methods.draft_layers import ContextCacheMethod, ContextKVCache, DraftBackbone, rotate
 from evalsuite.methods.dspark import DeepSpecMethod
 from evalsuite.methods.eagle3 import Eagle3Method
+from evalsuite.target.buffers import GrowableBuffer
 
 GREEDY = Sampling()
 BATCHED: dict[type, type] = {}  # method class → its batched counterpart (`batches`)

@@ -18,14 +18,14 @@ import torch
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from evalsuite import embedded
-from evalsuite.chat import ChatTokenizer
-from evalsuite.captured import MAX_CAPTURED_CONTEXT, CapturedSteps, PooledCache
 from evalsuite.config import CACHE_KINDS, CUDA_GRAPHS, WEIGHT_LAYOUTS
-from evalsuite.decoder import FusedDecoder, supported
 from evalsuite.errors import UserError
 from evalsuite.hashing import file_sha256
-from evalsuite.kv_cache import ATTENTION, DynamicKVCache, KVCache, check_supported
+from evalsuite.target import embedded
+from evalsuite.target.captured import MAX_CAPTURED_CONTEXT, CapturedSteps, PooledCache
+from evalsuite.target.chat import ChatTokenizer
+from evalsuite.target.decoder import FusedDecoder, supported
+from evalsuite.target.kv_cache import ATTENTION, DynamicKVCache, KVCache, check_supported
 
 DEFAULT_TARGET = "default"
 COMPILED_MAX_BLOCK = 16  # decode and verify blocks run compiled under --compile; longer prefills run eagerly
@@ -126,7 +126,7 @@ class TargetModel:
             raise UserError(f"--compile with --weight-layout {weight_layout}: torch.compile runs the Hugging Face "
                             "decoder; use --weight-layout column-major or auto")
         self.compile = compile
-        # "fused": evalsuite.decoder's own forward (fused weights, packed block GEMMs); the HF modules stay usable
+        # "fused": evalsuite.target.decoder's own forward (fused weights, packed block GEMMs); the HF modules stay usable
         self.fused = FusedDecoder(model) if weight_layout == "fused" else None
         # torch.compile with dynamic shapes: one graph for one-token decodes and one for verify blocks (sizes 0 and 1
         # are specialised), the context length symbolic in both; compiled on first use, i.e. in the untimed warm-up
@@ -137,11 +137,11 @@ class TargetModel:
         if cuda_graphs == "on" and (device.type != "cuda" or self.fused is None):
             raise UserError("--cuda-graphs on: needs --device cuda and the fused decoder (--weight-layout auto or "
                             "fused)")
-        # decode and verify forwards replayed from CUDA graphs (evalsuite.captured), set up by `prepare_blocks`
+        # decode and verify forwards replayed from CUDA graphs (evalsuite.target.captured), set up by `prepare_blocks`
         self.cuda_graphs = "on" if cuda_graphs == "on" or (
             cuda_graphs == "auto" and device.type == "cuda" and self.fused is not None) else "off"
         self.captured: CapturedSteps | None = None
-        self.kv_cache = kv_cache  # "static": evalsuite.kv_cache (preallocated, GQA-folded attention); "dynamic": HF's
+        self.kv_cache = kv_cache  # "static": evalsuite.target.kv_cache (preallocated, GQA-folded attention); "dynamic": HF's
 
     # ---- loading -----------------------------------------------------------------------------------------
     @classmethod
@@ -150,7 +150,7 @@ class TargetModel:
              cuda_graphs: str = "auto") -> "TargetModel":
         """`weight_layout`: how the Linear weights are stored and multiplied ("auto": column-major plus oneDNN
         block kernels on CPU, as loaded elsewhere; see `use_column_major_linears`). `kv_cache`: "static" (the
-        preallocated cache and GQA-folded attention of evalsuite.kv_cache) or "dynamic" (transformers'
+        preallocated cache and GQA-folded attention of evalsuite.target.kv_cache) or "dynamic" (transformers'
         DynamicCache and SDPA, the engine before it). `compile`: decode and verify forwards through torch.compile
         (on CPU "auto" then resolves to column-major, since oneDNN's opaque tensors cannot be compiled)."""
         dev = parse_device(device)

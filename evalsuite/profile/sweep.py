@@ -1,5 +1,6 @@
-"""`evalsuite profile`: cost surfaces with random weights — what a forward and a draft step cost at each batch,
-context and block, on this device, for a target shape, without its weights.
+"""The timed sweep of `evalsuite profile`: cost surfaces with random weights — what a forward and a draft step cost
+at each batch, context and block, on this device, for a target shape (`evalsuite.profile.shapes`), without its
+weights.
 
 A speedup is τ times a cost ratio. τ needs the real weights; the cost ratio does not: it depends on shapes,
 batch, context and the device. So the target is built from a shape (a named one, a config.json, or the config of
@@ -10,27 +11,25 @@ Measured, with warm-up and repeats (median; on the harness's one clock, `evalsui
 `perf_counter` on a CPU, each call started on an idle device):
 - the target at every (batch, context, block): `ms` of one forward of `block` new tokens in each of `batch` rows
   after `context` cached tokens (block 1 is the one-token decode, blocks 2 … k+1 are verify forwards). The cache
-  is the engine's own (`evalsuite.kv_cache`, the weight layout the engine would use), filled with random K/V
+  is the engine's own (`evalsuite.target.kv_cache`, the weight layout the engine would use), filled with random K/V
   instead of a prefill (`KVCache.fill_synthetic`): attention costs the same whatever the values. Blocks are
   measured in turn, round after round, so machine noise hits them alike;
 - each method at every (batch, context): `draft_ms` of one step = propose k + commit one token, and its draft
   state in bytes. At batch 1 it is the method itself, exactly as the engine calls it, after `start_turn` over a
-  real-text context with random target features. At batch B > 1 it is `evalsuite.methods.batched`: the learned
+  real-text context with random target features. At batch B > 1 it is `evalsuite.profile.batched`: the learned
   methods' own modules over a batch axis (true batched drafting), the model-free ones B sequential copies;
   the `batching` column says which;
 - the target's KV bytes per token, its weight bytes, and the peak device memory of every point (CUDA).
 
-Before every point its memory is estimated (weights stay resident; KV with the cache's chunk rounding,
-activations, logits, a worst-case attention transient, the drafter's state from a calibration at small
-contexts); a point over the budget is skipped and recorded (`fits` false, with the estimate), as is one that runs
+Before every point its memory is estimated (`evalsuite.profile.memory`: weights stay resident; KV with the cache's
+chunk rounding, activations, logits, a worst-case attention transient, the drafter's state from a calibration at
+small contexts); a point over the budget is skipped and recorded (`fits` false, with the estimate), as is one that runs
 out of memory anyway. Outputs: `target_cost.parquet`, `draft_cost.parquet`, `run.json`.
 """
 
 from __future__ import annotations
 
-import gc
 import json
-import math
 import os
 import statistics
 from dataclasses import asdict, dataclass, field
@@ -40,16 +39,18 @@ from typing import Callable
 import pandas as pd
 import torch
 
-from evalsuite import embedded
-from evalsuite.bundled import require_bundled
 from evalsuite.catalog import WINDOW_KEY, method_spec
 from evalsuite.config import environment, portable_paths
 from evalsuite.conventions import BASELINE
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Method, Sampling, get_method
-from evalsuite.methods.batched import ROOM, batched_drafter, batching_of
-from evalsuite.target import (DEFAULT_TARGET, TargetModel, parse_device, resolve_target_path,
-                              resolve_weight_layout, use_column_major_linears)
+from evalsuite.profile.batched import ROOM, batched_drafter, batching_of
+from evalsuite.profile.memory import (Budget, decoder_config, device_memory, draft_point_bytes, feature_rows, is_oom,
+                                      kv_bytes_per_token, module_bytes, packed_bytes, parse_bytes, peak_bytes,
+                                      peak_reset, release, single_stream_bytes, target_point_bytes)
+from evalsuite.profile.shapes import build_target, real_text_ids
+from evalsuite.target import embedded
+from evalsuite.target.model import TargetModel
 from evalsuite.timing import DeviceClock, wall
 
 TARGET_COLUMNS = ["device", "target", "dtype", "batch", "context", "block", "ms"]
@@ -57,305 +58,7 @@ DRAFT_COLUMNS = ["device", "target", "method", "batch", "context", "k", "draft_m
 EXTRA_TARGET = ["fits", "est_bytes", "peak_bytes", "note"]
 EXTRA_DRAFT = ["dtype", "drafted", "batching", "fits", "est_bytes", "peak_bytes", "note"]
 
-# ---- shapes ----------------------------------------------------------------------------------------------------
-# Published configurations of the released models (hidden sizes, depths, heads, vocabularies, windows); random
-# weights are built from these, nothing is downloaded.
-SHAPES: dict[str, tuple[str, dict]] = {
-    "smollm2-135m": ("llama", dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                                   num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=49152,
-                                   max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
-                                   tie_word_embeddings=True)),
-    "qwen3-8b": ("qwen3", dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-                               num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=131072,
-                               rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)),
-    "qwen3-4b": ("qwen3", dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
-                               num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=131072,
-                               rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)),
-    "llama-3.1-8b": ("llama", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                                   num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
-                                   max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                                   rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                    "original_max_position_embeddings": 8192})),
-    "qwen2.5-coder-0.5b": ("qwen2", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
-                                         max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
-                                         tie_word_embeddings=True)),
-    # toy sizes for tests: deep enough for every drafter's distinct feature layers
-    "tiny": ("qwen3", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=12, num_attention_heads=4,
-                           num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=131072,
-                           rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)),
-}
-SHAPE_ALIASES = {"default": "smollm2-135m", "smollm2": "smollm2-135m"}
 
-
-def shape_config(name: str):
-    """A transformers config for a named shape or a config.json path."""
-    from transformers import AutoConfig, CONFIG_MAPPING
-
-    key = SHAPE_ALIASES.get(name, name)
-    if key in SHAPES:
-        model_type, fields = SHAPES[key]
-        config = CONFIG_MAPPING[model_type](**fields, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-        return config, key
-    path = Path(name).expanduser()
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise UserError(f"--target-shape {name}: not a named shape ({', '.join(sorted(SHAPES))}) nor a config.json")
-    try:
-        fields = json.loads(path.read_text())
-        model_type = fields.pop("model_type")
-        config = AutoConfig.for_model(model_type, **{k: v for k, v in fields.items()
-                                                     if k not in ("architectures", "auto_map", "transformers_version")})
-    except (ValueError, KeyError, TypeError) as err:
-        raise UserError(f"--target-shape {name}: not a usable model config.json ({err})") from None
-    return config, str(path)
-
-
-def random_target(config, name: str, device: str = "cpu", dtype: torch.dtype = torch.float32,
-                  weight_layout: str = "auto", tokenizer=None, model_dir: str | None = None,
-                  compile: bool = False, kv_cache: str = "static", cuda_graphs: str = "off") -> TargetModel:
-    """A `TargetModel` of this config with random weights (seed 0) and the weight layout the engine would use;
-    the byte tokenizer of `evalsuite.testing` when no tokenizer is given (real text in any vocabulary > 260).
-    `cuda_graphs` off by default: the cost surfaces time batched forwards, which are not captured."""
-    from transformers import AutoModelForCausalLM
-
-    from evalsuite.testing import byte_tokenizer
-
-    dev = parse_device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA device is visible; use --device cpu")
-    layout = resolve_weight_layout(weight_layout, dev, compile, config, kv_cache)
-    check_weights_fit(config, name, dev, dtype, layout)
-    torch.manual_seed(0)
-    with torch.device(dev):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    model.generation_config.eos_token_id = config.eos_token_id if config.eos_token_id is not None else 2
-    if layout.startswith("column-major"):
-        use_column_major_linears(model, onednn_blocks=layout == "column-major+onednn")
-    return TargetModel(model, tokenizer or byte_tokenizer(), name, model_dir or f"random:{name}", dev, dtype,
-                       weight_layout=layout, kv_cache=kv_cache, compile=compile, cuda_graphs=cuda_graphs)
-
-
-def weight_bytes_of(config, dtype: torch.dtype, layout: str = "row-major") -> int:
-    """The weights' bytes, counted on the meta device (nothing allocated); the oneDNN block kernels keep a second
-    copy of every fp32 Linear weight."""
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    size = torch.empty(0, dtype=dtype).element_size()
-    params = {id(p): p for p in model.parameters()}.values()
-    total = sum(p.numel() for p in params) * size
-    if layout in ("column-major+onednn", "fused") and dtype == torch.float32:  # oneDNN / MKL-packed block copies
-        total += sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)) * size
-    return int(total)
-
-
-def check_weights_fit(config, name: str, device: torch.device, dtype: torch.dtype, layout: str) -> None:
-    """A one-line error, before anything is allocated, when the weights alone would not fit: on CPU 60 % of the
-    memory available now (the machine is shared), on CUDA 90 % of the device's free memory."""
-    need = weight_bytes_of(config, dtype, layout)
-    if device.type == "cuda":
-        have, where = int(torch.cuda.mem_get_info(device)[0] * 0.9), "free on the device"
-    else:
-        have, where = int(0.6 * _meminfo("MemAvailable")), "of the memory available on this machine (60 %)"
-    if have and need > have:
-        raise UserError(f"{name}: its {dtype} weights need {need / 2**30:.1f} GiB, more than the {have / 2**30:.1f} "
-                        f"GiB {where}; profile a smaller shape here, or on a GPU (--device cuda)")
-
-
-def parse_dtype(dtype: str | None, device: str) -> torch.dtype:
-    if dtype in (None, "auto"):
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
-    if dtype not in table:
-        raise UserError(f"--dtype {dtype}: expected one of float32, bfloat16, float16")
-    if device.startswith("cpu") and table[dtype] != torch.float32:
-        raise UserError(f"--dtype {dtype}: only float32 is supported on CPU")
-    return table[dtype]
-
-
-def build_target(target: str | None, target_shape: str | None, device: str, dtype: str | None,
-                 weight_layout: str = "auto") -> TargetModel:
-    """`--target-shape NAME|config.json`, or `--target default|DIR` (its config and tokenizer; weights random)."""
-    torch_dtype = parse_dtype(dtype, device)
-    if target_shape:
-        config, name = shape_config(target_shape)
-        return random_target(config, name, device, torch_dtype, weight_layout)
-    from transformers import AutoConfig, AutoTokenizer
-
-    spec = target or DEFAULT_TARGET
-    path = resolve_target_path(spec)
-    if not Path(path).is_dir():
-        raise UserError(f"--target {spec}: profile reads a local model directory (or use --target-shape)")
-    config = AutoConfig.from_pretrained(path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    entry = embedded.lookup(spec)
-    name = entry.name if entry is not None else spec
-    return random_target(config, name, device, torch_dtype, weight_layout, tokenizer, path)
-
-
-def real_text_ids(target: TargetModel, length: int) -> list[int]:
-    """GSM8K questions and answers, then MT-Bench questions (the bundled data), tokenized and repeated to
-    `length` tokens: what the model-free drafters look up in."""
-    data = require_bundled("data", "the bundled task data", "run from a source checkout")
-    texts = []
-    for line in (data / "gsm8k" / "test.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        texts.append(f"Question: {record['question']}\nAnswer: {record.get('answer', '')}\n")
-    for line in (data / "mt_bench" / "question.jsonl").read_text().splitlines():
-        texts.extend(json.loads(line)["turns"])
-    ids: list[int] = []
-    for text in texts:
-        ids.extend(target.tokenizer(text, add_special_tokens=False)["input_ids"])
-        if len(ids) >= length:
-            break
-    while len(ids) < length:
-        ids = ids + ids
-    return ids[:length]
-
-
-# ---- memory ----------------------------------------------------------------------------------------------------
-def _decoder(config):
-    return config.get_text_config(decoder=True)
-
-
-def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
-    """K and V of every layer for one token of one stream (the static cache keeps every layer's full history)."""
-    c = _decoder(config)
-    kv_heads = int(getattr(c, "num_key_value_heads", None) or c.num_attention_heads)
-    head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
-    return int(c.num_hidden_layers) * 2 * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
-
-
-def module_bytes(module: torch.nn.Module) -> int:
-    """Parameter and buffer bytes (shared tensors once), plus the oneDNN copies of the block kernels."""
-    seen, total = set(), 0
-    for tensor in list(module.parameters()) + list(module.buffers()):
-        if tensor.data_ptr() in seen:
-            continue
-        seen.add(tensor.data_ptr())
-        total += tensor.numel() * tensor.element_size()
-    for sub in module.modules():
-        extra = sub.__dict__.get("onednn_weight")
-        if extra is not None:
-            total += extra.numel() * extra.element_size()
-    return total
-
-
-def packed_bytes(target: TargetModel) -> int:
-    """The fused decoder's MKL-packed block copies (as many bytes as the weights they copy), 0 elsewhere."""
-    fused = getattr(target, "fused", None)
-    if fused is None or not fused.block_rows:
-        return 0
-    weights = [w for layer in fused.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [fused.head]
-    return sum(w.numel() * w.element_size() for w in weights)
-
-
-def target_point_bytes(config, dtype: torch.dtype, batch: int, context: int, block: int, chunk: int = 1024) -> int:
-    """Bytes one target point allocates beyond the resident weights: the KV cache (reserved in whole chunks),
-    the block's activations and logits, and a worst-case attention transient (the scores of the math kernel and
-    the GQA-folded mask; K/V are never repeated per query group: one-token decodes go to SDPA with `enable_gqa`,
-    blocks to `kv_cache.gqa_sdpa`)."""
-    c = _decoder(config)
-    size = torch.empty(0, dtype=dtype).element_size()
-    heads = int(c.num_attention_heads)
-    kv_heads = int(getattr(c, "num_key_value_heads", None) or heads)
-    length = context + block
-    kv = batch * math.ceil(length / chunk) * chunk * kv_bytes_per_token(config, dtype)
-    rows = batch * block
-    activations = rows * (6 * c.hidden_size + 3 * int(c.intermediate_size)) * size
-    logits = rows * int(c.vocab_size) * (size + 4)
-    scores = rows * heads * length * 4  # the math kernel's scores (fused kernels need none)
-    mask = rows * (heads // kv_heads) * length
-    return kv + activations + logits + scores + mask
-
-
-def device_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).total_memory)
-    return _meminfo("MemTotal")
-
-
-def _meminfo(key: str) -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def parse_bytes(text: str) -> int:
-    """'6GiB', '512MiB', '2e9' → bytes."""
-    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "kb": 1e3, "mb": 1e6, "gb": 1e9,
-             "tb": 1e12, "b": 1}
-    raw = text.strip().lower().replace(" ", "")
-    for unit, factor in units.items():
-        if raw.endswith(unit):
-            try:
-                return int(float(raw[: -len(unit)]) * factor)
-            except ValueError:
-                break
-    try:
-        return int(float(raw))
-    except ValueError:
-        raise UserError(f"--memory-budget {text}: write a size such as 6GiB or 512MiB") from None
-
-
-class Budget:
-    """The bytes a point may allocate beyond what is resident now. CUDA: the device's free memory (less a safety
-    margin) or --memory-budget, whichever is smaller; CPU: --memory-budget, by default 40 % of the memory
-    available when the profile starts, at most 6 GiB (other processes share this machine)."""
-
-    def __init__(self, device: torch.device, limit: int | None = None, margin: float = 0.9):
-        self.device = device
-        self.limit = limit
-        self.margin = margin
-        if device.type != "cuda" and limit is None:
-            self.limit = int(min(0.4 * _meminfo("MemAvailable"), 6 * (1 << 30)))
-
-    def available(self) -> int:
-        if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            allowed = int(free * self.margin)
-            return allowed if self.limit is None else min(allowed, self.limit)
-        return int(self.limit)
-
-    def describe(self) -> dict:
-        return {"limit_bytes": self.limit, "cuda_free_margin": self.margin if self.device.type == "cuda" else None,
-                "rule": "CUDA: free device memory × margin (and --memory-budget if given); CPU: --memory-budget, "
-                        "default min(40 % of MemAvailable at start, 6 GiB)"}
-
-
-def is_oom(err: BaseException) -> bool:
-    if isinstance(err, torch.cuda.OutOfMemoryError):
-        return True
-    text = str(err).lower()
-    return isinstance(err, (RuntimeError, MemoryError)) and ("out of memory" in text or "can't allocate" in text
-                                                             or isinstance(err, MemoryError))
-
-
-def release(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def peak_reset(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def peak_bytes(device: torch.device) -> float:
-    return float(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else float("nan")
-
-
-# ---- the sweep -------------------------------------------------------------------------------------------------
 @dataclass
 class ProfileSpec:
     batches: list[int]
@@ -423,7 +126,7 @@ class Sweep:
             self.text = torch.tensor(real_text_ids(target, top + STREAM_OFFSET * max(spec.batches)),
                                      device=target.device)
             for drafter in drafters:
-                drafter.calibration = single_stream_bytes(target, drafter, self.text, (64, 192))
+                drafter.calibration = single_stream_bytes(target, drafter.method, self.text, (64, 192))
 
     def out_of_time(self) -> bool:
         limit = self.spec.time_limit_s
@@ -523,7 +226,8 @@ class Sweep:
         groups, skipped, current, used = [], [], [], 0
         allowed = self.budget.available()
         for drafter in self.drafters:
-            need = draft_point_bytes(self.target, drafter, batch, context, self.spec.k)
+            need = draft_point_bytes(self.target, drafter.method, drafter.calibration, batch, context,
+                                     self.spec.k)
             if need > allowed:
                 skipped.append((drafter, need, allowed, f"estimated {need / 2**30:.2f} GiB > budget "
                                                         f"{allowed / 2**30:.2f} GiB"))
@@ -588,7 +292,6 @@ class Sweep:
 STREAM_OFFSET = 97  # tokens between the starts of two streams' text
 
 
-# ---- drafters --------------------------------------------------------------------------------------------------
 def build_drafters(target: TargetModel, methods: list[str], drafters: dict[str, str],
                    method_options: dict[str, dict] | None = None) -> list[Drafter]:
     """The methods to profile (not `ar`, which drafts nothing). Learned methods: the checkpoint named for them,
@@ -624,44 +327,6 @@ def profile_options(label: str, method_options: dict[str, dict] | None) -> dict:
     return options
 
 
-def _feature_rows(target: TargetModel, method: Method, rows: int) -> torch.Tensor | None:
-    if not method.feature_layers:
-        return None
-    return torch.randn(rows, len(method.feature_layers), target.hidden_size, dtype=target.dtype,
-                       device=target.device)
-
-
-def single_stream_bytes(target: TargetModel, drafter: Drafter, ids: torch.Tensor, contexts: tuple[int, int]) -> dict:
-    """Calibrate the drafter's state per stream: bytes at two small contexts → bytes per token and fixed bytes."""
-    found = []
-    method = drafter.method
-    for context in contexts:
-        method.reset()
-        method.start_turn(ids[: context + 1], _feature_rows(target, method, context))
-        method.propose(2, Sampling(), None)
-        found.append(method.state_bytes().total)
-    method.reset()
-    per_token = max((found[1] - found[0]) / (contexts[1] - contexts[0]), 0.0)
-    return {"per_token": per_token, "fixed": max(found[0] - per_token * contexts[0], 0.0)}
-
-
-def draft_point_bytes(target: TargetModel, drafter: Drafter, batch: int, context: int, k: int) -> int:
-    """Beyond the resident weights: every stream's state (×2 at batch 1, where the drafter's own caches grow by
-    doubling), the batch-1 start of turn (random features of every context position, fused), the block's logits and
-    a worst-case attention transient."""
-    cal = drafter.calibration
-    size = torch.empty(0, dtype=target.dtype).element_size()
-    state = batch * (cal["per_token"] * (context + ROOM + 2 * k) + cal["fixed"])
-    features = 0
-    if batch == 1:
-        state *= 2
-        features = 3 * context * (len(drafter.method.feature_layers) + 2) * target.hidden_size * size
-    heads = int(_decoder(target.config).num_attention_heads)
-    block = 2 * k + 2
-    working = batch * block * (target.vocab_size * (size + 4) + heads * (context + block) * 4)
-    return int(state + features + working)
-
-
 def _batching(drafter: Drafter, batch: int) -> str:
     return "method" if batch == 1 else batching_of(drafter.method)
 
@@ -674,8 +339,8 @@ class _Single:
         self.ids = ids[0]
         self.anchor = context
         self.method.reset()
-        self.method.start_turn(self.ids[: context + 1], _feature_rows(target, self.method, context))
-        self.bonus_features = _feature_rows(target, self.method, 1)
+        self.method.start_turn(self.ids[: context + 1], feature_rows(target, self.method, context))
+        self.bonus_features = feature_rows(target, self.method, 1)
 
     def step(self, k: int) -> int:
         proposal = self.method.propose(k, Sampling(), None)
@@ -687,7 +352,6 @@ class _Single:
         return self.method.state_bytes().total
 
 
-# ---- the command -----------------------------------------------------------------------------------------------
 def parse_sizes(text: str, what: str) -> list[int]:
     """'1,2,4' or '1k,4k,128k' or a log-spaced range '1k..128k' (powers of two) → sorted ints."""
     def one(token: str) -> int:
@@ -741,7 +405,7 @@ def run_profile(out: Path, target: str | None = None, target_shape: str | None =
     model = build_target(target, target_shape, device, dtype, weight_layout)
     model.prepare_blocks(k + 1)  # as the engine does: verify blocks of up to k+1 tokens ready before timing
     spec = ProfileSpec(list(batches), list(contexts), k, warmup, repeats, time_limit_s=time_limit_s)
-    window = int(getattr(_decoder(model.config), "max_position_embeddings", 0) or 0)
+    window = int(getattr(decoder_config(model.config), "max_position_embeddings", 0) or 0)
     over = [c for c in spec.contexts if window and c + ROOM + 2 * k > window]
     if over:
         log(f"note: contexts {over} exceed the shape's window of {window} tokens; measured anyway (cost only)")
@@ -779,7 +443,7 @@ def run_profile(out: Path, target: str | None = None, target_shape: str | None =
                                   if r.get("peak_bytes") == r.get("peak_bytes")] or [float("nan")]),
         "max_rss_bytes": _max_rss(), "elapsed_s": round(wall() - started, 1),
         "batching": {"method": "batch 1: the method itself, as the engine calls it",
-                     "batched": "batch > 1: the method's own modules over a batch axis (evalsuite.methods.batched)",
+                     "batched": "batch > 1: the method's own modules over a batch axis (evalsuite.profile.batched)",
                      "sequential": "batch > 1: B independent copies one after another (model-free, host work)"},
     }
     _write(out, profile, model, load)

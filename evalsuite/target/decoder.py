@@ -84,7 +84,7 @@ def _fuse(rows: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | Non
 
 
 class FusedDecoder:
-    """A decoder-only LM's forward over evalsuite.kv_cache's `KVCache`, on the model's own (fused) weights."""
+    """A decoder-only LM's forward over evalsuite.target.kv_cache's `KVCache`, on the model's own (fused) weights."""
 
     def __init__(self, model):
         reason = supported(model)
@@ -213,7 +213,7 @@ class FusedDecoder:
         (`buffers`: (K, V) of [1, kv_heads, capacity, head_dim]) by `index_copy_`, attention reads their first
         `span` positions under a mask built from `positions`, rotary rows are gathered from the table (grown to the
         capacity beforehand, `ensure_positions`). So a CUDA graph can capture it once per (n, span) and replay it
-        at any context up to `span` (evalsuite.captured). Returns (logits [1, n, V], hidden or None); the caller
+        at any context up to `span` (evalsuite.target.captured). Returns (logits [1, n, V], hidden or None); the caller
         moves the cache's length."""
         rows = ids.shape[1]
         x = F.embedding(ids, self.embed)

@@ -20,16 +20,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from evalsuite import contention, degenerate, metrics, resume
+from evalsuite import contention, degenerate, metrics
 from evalsuite.config import RunConfig, environment
 from evalsuite.conventions import BASELINE, CONTENDED_CORES, RUN_CONVENTIONS, SKIPPED
 from evalsuite.engines import make_engine
 from evalsuite.engines.base import Engine
 from evalsuite.errors import UserError
-from evalsuite.records import TurnKey, TurnRecord, TurnResult, step_records, turn_record
 from evalsuite.replay import ContextPolicy, MethodReplay, ReplaySetup, TurnContext, Window, make_policy, replay_type
+from evalsuite.run import resume
 from evalsuite.spans import SPANS_SCHEMA, SPANS_TABLE, label_turn, span_rows
-from evalsuite.store import RunStore, read_run
+from evalsuite.store.records import TurnKey, TurnRecord, TurnResult, step_records, turn_record
+from evalsuite.store.run_store import RunStore, read_run
 from evalsuite.tasks.base import LoadOptions, Trajectory, get_task, replay_source, select_samples
 
 WARMUP_PROMPT = [{"role": "user", "content": "Warmup."}]

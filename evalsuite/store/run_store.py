@@ -33,9 +33,9 @@ import pyarrow.parquet as pq
 
 from evalsuite.config import portable_paths
 from evalsuite.errors import UserError
-from evalsuite.records import STEP_SCHEMA, TURN_SCHEMA, StepRecord, TurnRecord
 from evalsuite.spans import ROW_KEY as SPANS_ROW_KEY
 from evalsuite.spans import SPANS_TABLE
+from evalsuite.store.records import STEP_SCHEMA, TURN_SCHEMA, StepRecord, TurnRecord
 
 TURNS, STEPS = "turns", "steps"
 SCHEMAS = {TURNS: TURN_SCHEMA, STEPS: STEP_SCHEMA}
