@@ -74,7 +74,7 @@ def build(config, run_dir):
     return ToyEngine(config)
 '''
 
-TOY_TASK = '''"""A toy task: three questions in data/toy-qa/test.jsonl."""
+TOY_TASK = '''"""A toy task: three questions in tasks/toy-qa/test.jsonl."""
 
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def checkout(tmp_path_factory) -> Path:
     shutil.copytree(ROOT / "evalsuite", copy / "evalsuite", ignore=shutil.ignore_patterns("__pycache__", "_bundled"))
     for relative, text in NEW_FILES.items():
         (copy / relative).write_text(text)
-    data = copy / "data" / "toy-qa" / "test.jsonl"
+    data = copy / "tasks" / "toy-qa" / "test.jsonl"
     data.parent.mkdir(parents=True)
     data.write_text("".join(json.dumps({"question": q}) + "\n" for q in QUESTIONS))
     # the one change is the new files: every file of the package is as it was (no central list edited)

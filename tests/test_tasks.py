@@ -477,7 +477,7 @@ def test_replay_source_names_who_wrote_the_logged_replies():
 
 def test_the_long_swebench_subset_is_held_out_of_training_and_of_the_main_sample():
     """--subset mini-swe-agent-long: 12 runs over 8 repositories, none of them a training trajectory or one of the
-    30 of the default subset (data/swebench_trajectories/README.md, A2)."""
+    30 of the default subset (tasks/swebench/trajectories/README.md, A2)."""
     import gzip
     import json
 

@@ -27,10 +27,10 @@ from evalsuite.tasks.base import DATA_DIR, Trajectory
 INSTANCE_SETS = {"lite": "SWE-bench/SWE-bench_Lite", "verified": "SWE-bench/SWE-bench_Verified",
                  "full": "SWE-bench/SWE-bench"}
 PROMPT_SETS = {"oracle": "princeton-nlp/SWE-bench_oracle", "bm25-13k": "princeton-nlp/SWE-bench_bm25_13K"}
-INSTANCES_DIR = DATA_DIR / "swebench_instances"
+INSTANCES_DIR = DATA_DIR / "swebench" / "instances"
 BUNDLED_LITE = INSTANCES_DIR / "princeton-nlp-SWE-bench_Lite-test.even-index-subset.json"
 BUNDLED_LITE_DEV = INSTANCES_DIR / "princeton-nlp-SWE-bench_Lite-dev.json"
-BUNDLED_RESULTS = DATA_DIR / "swebench_trajectories" / "mini-swe-agent_gemini-3-pro_verified" / "results_summary.json"
+BUNDLED_RESULTS = DATA_DIR / "swebench" / "trajectories" / "mini-swe-agent_gemini-3-pro_verified" / "results_summary.json"
 EXTRA_HINT = "pip install 'evalsuite[swebench]' (swebench==5.0.2)"
 
 

@@ -16,7 +16,7 @@ from evalsuite.bundled import bundled_path, require_bundled
 from evalsuite.catalog import suggest
 from evalsuite.errors import UserError
 
-DATA_DIR = bundled_path("data")
+DATA_DIR = bundled_path("tasks")  # the top-level tasks/: one folder per task (its data, README, task.toml)
 
 
 @dataclass
@@ -68,7 +68,7 @@ TASKS: dict[str, TaskInfo] = {}
 def register_task(name: str, summary: str, licence: str, source: str, default_replay: str = "free",
                   subsets: tuple[str, ...] = (), bundled: bool = True, formats: bool = False):
     """Register an adapter. `subsets`: what --subset accepts (the adapter checks the names); `bundled`: whether
-    the task reads data/ when no --data-path is given; `formats`: whether it reads --format. Before the adapter
+    the task reads tasks/ when no --data-path is given; `formats`: whether it reads --format. Before the adapter
     runs, a --subset for a task without subsets is refused, so is a --format for a task without formats, and so is
     a run on bundled data when this install has none."""
 
@@ -80,7 +80,7 @@ def register_task(name: str, summary: str, licence: str, source: str, default_re
                 raise UserError(f"--format {options.format}: task {name} reads one format; --format is for "
                                 "--task swebench trajectories")
             if options.data_path is None and bundled:
-                require_bundled("data", f"the bundled data of task {name}", "pass --data-path")
+                require_bundled("tasks", f"the bundled data of task {name}", "pass --data-path")
             return load(options)
 
         TASKS[name] = TaskInfo(name, checked_load, summary, default_replay, licence, source, tuple(subsets), formats)

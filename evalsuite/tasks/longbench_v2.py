@@ -8,7 +8,7 @@ DLite's shards also keep only contexts of 32k-64k target tokens; no token filter
 rendered prompt (context prefix, then the question) within the point, so the points of one item are nested contexts
 of one document (LongBench's own scripts cut the middle instead, to fit one window).
 
-Bundled: 17 real items with full contexts (`data/longbench_v2`, index.jsonl + items/). `--data-path` takes the
+Bundled: 17 real items with full contexts (`tasks/longbench_v2`, index.jsonl + items/). `--data-path` takes the
 official `data.json` (a JSON array with `context`) or a JSON Lines export; `hub` loads THUDM/LongBench-v2 train.
 """
 

@@ -16,7 +16,7 @@ one turn. docs/swebench.md describes the settings and what each measures.
   `--data-path` FILE/DIR);
 - `oracle` | `bm25-13k`: the papers' single-turn prompt sets (princeton-nlp/SWE-bench_oracle, SWE-bench_bm25_13K:
   a `text` column), sent as SWE-bench's own `run_api` sends them: the first line as the system message, the rest
-  as the user message. Without `--data-path` a small bundled FIXTURE in that schema (data/swebench_prompts/,
+  as the user message. Without `--data-path` a small bundled FIXTURE in that schema (tasks/swebench/prompts/,
   not the real prompts); `--data-path hub` or a local file for the real sets.
 
 Turn k of a trajectory is the k-th assistant message; under `--replay logged` (the default) its context is the
@@ -47,14 +47,14 @@ from evalsuite.tasks.base import DATA_DIR, LoadOptions, Trajectory, Turn, regist
     user_turn
 
 HUB = HubSpec("princeton-nlp/SWE-bench_Lite", split="test")
-TRAJ_DIR = DATA_DIR / "swebench_trajectories"
+TRAJ_DIR = DATA_DIR / "swebench" / "trajectories"
 BUNDLED = {
     "mini-swe-agent": TRAJ_DIR / "mini-swe-agent_gemini-3-pro_verified" / "trajs",
     "mini-swe-agent-long": TRAJ_DIR / "mini-swe-agent_gemini-3-pro_long" / "trajs",
     "swe-agent": TRAJ_DIR / "swe-agent_official",
     "lite": BUNDLED_LITE,
 }
-PROMPT_FIXTURE = DATA_DIR / "swebench_prompts" / "style-3-FIXTURE.jsonl"
+PROMPT_FIXTURE = DATA_DIR / "swebench" / "prompts" / "style-3-FIXTURE.jsonl"
 SUBSETS = ("mini-swe-agent", "mini-swe-agent-long", "swe-agent", "lite", "verified", "full", "oracle", "bm25-13k")
 TRAJECTORY_SUBSETS = ("mini-swe-agent", "mini-swe-agent-long", "swe-agent")
 # hub trajectory sets and the split that holds their rows
