@@ -11,8 +11,8 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 SHIPPED = ("tasks", "baselines/drafters", "baselines/published")  # keep in step with evalsuite/bundled.py
-# run results, agent training data and training state stay out of wheels
-SKIPPED = ("eval-runs", "training-data", "__pycache__", "*.pyc", "train_state.pt")
+# run results, the training inputs (tasks/training/) and training state stay out of wheels
+SKIPPED = ("eval-runs", "training", "__pycache__", "*.pyc", "train_state.pt")
 
 
 class BuildPyWithData(build_py):

@@ -62,7 +62,8 @@ def test_wheel_ships_tasks_and_default_drafters(tmp_path):
         assert f"evalsuite/_bundled/baselines/drafters/{method}/config.json" in names
     assert "evalsuite/_bundled/tasks/gsm8k/test.jsonl" in names
     assert not [n for n in names if "eval-runs" in n]
-    assert not [n for n in names if "training-data" in n]  # the agent trajectories are for training from a checkout
+    assert not [n for n in names if "/training/" in n or "training-" in n]  # training inputs: train from a checkout
+    assert "evalsuite/_bundled/tasks/gsm8k/task.toml" in names and "evalsuite/_bundled/tasks/README.md" in names
     assert wheel.stat().st_size < 80 * 2**20, "the wheel should stay well below PyPI's 100 MB limit"
 
     site = tmp_path / "site"
