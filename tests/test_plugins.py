@@ -1,6 +1,7 @@
 """A plug-in is one file: a copy of the package gets a toy model-free method, a toy engine and a toy task, each as
-one new file (the task also its folder in tasks/: its data and task.toml), and runs them through `evalsuite run` and `evalsuite report` with no other
-edit; and every capability a consumer branches on is the one the method declares."""
+one new file (the task also its folder in tasks/: its data and task.toml), and runs them through `evalsuite run`
+and `evalsuite report` with no other edit; and every capability a consumer branches on is the one the method
+declares."""
 
 from __future__ import annotations
 
