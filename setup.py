@@ -1,4 +1,4 @@
-"""Packs the bundled data into the package: data/, baselines/drafters/ (without eval-runs/) and
+"""Packs the bundled data into the package: tasks/, baselines/drafters/ (without eval-runs/) and
 baselines/published/ go to evalsuite/_bundled/ in every wheel, so a non-editable install (`pip install .`) has
 the task samples and the trained default drafters too (evalsuite/bundled.py finds them). All other metadata is
 in pyproject.toml. Editable installs read the repository's own directories and copy nothing."""
@@ -10,9 +10,9 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-SHIPPED = ("data", "baselines/drafters", "baselines/published")  # keep in step with evalsuite/bundled.py
-# run results, agent training data and training state stay out of wheels
-SKIPPED = ("eval-runs", "training-data", "__pycache__", "*.pyc", "train_state.pt")
+SHIPPED = ("tasks", "baselines/drafters", "baselines/published")  # keep in step with evalsuite/bundled.py
+# run results, the training inputs (tasks/training/) and training state stay out of wheels
+SKIPPED = ("eval-runs", "training", "__pycache__", "*.pyc", "train_state.pt")
 
 
 class BuildPyWithData(build_py):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Held-out evaluation of the shipped default drafters (T=0, K=7), the DLite draft-length sweep and the DLite
-# two-stage vs single-stage ablation, as run for baselines/drafters/README.md (runs in baselines/drafters/eval-runs).
+# two-stage vs single-stage ablation, as run for baselines/drafters/README.md (runs in benchmarks/results/default-drafters).
 # GSM8K and MT-Bench samples are never trained on (docs/training.md). One run at a time with torch's default
 # threads (both cores here), on an otherwise idle machine, as a user would run it: with the default CPU weight
 # layout the verify blocks run on oneDNN, which uses both cores (a two-stream, one-thread-each protocol made

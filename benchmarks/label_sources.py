@@ -38,7 +38,7 @@ from evalsuite.train import mixture  # noqa: E402
 from evalsuite.train import mixture  # noqa: E402
 from evalsuite.train.generate import GenerationOptions, read_sequences, regenerate  # noqa: E402
 
-SWE = ROOT / "baselines/drafters/training-data/mini-swe-agent_gemini-3-pro_train.jsonl.gz"
+SWE = ROOT / "tasks/training/mini-swe-agent_gemini-3-pro_train.jsonl.gz"
 
 
 def chain_depths(agree: list[bool], k: int) -> list[int]:

@@ -28,7 +28,7 @@ import pandas as pd
 from evalsuite.store.records import load_steps, load_turns
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAJECTORIES = ROOT / "data" / "swebench_trajectories" / "mini-swe-agent_gemini-3-pro_verified" / "trajs"
+TRAJECTORIES = ROOT / "tasks" / "swebench" / "trajectories" / "mini-swe-agent_gemini-3-pro_verified" / "trajs"
 BANDS = [(0, 2000, "< 2k"), (2000, 4000, "2k-4k"), (4000, 10**9, ">= 4k")]
 
 

@@ -23,7 +23,7 @@ TARGET=${TARGET:-qwen2.5-coder-0.5b}
 METHODS=${METHODS:-ar,ngram,suffix,dlite,eagle3,eagle3:window=2048,dflash,dspark}  # eagle3:window=2048: docs/methods.md §7
 POINTS=${POINTS:-2k,4k,8k,12k,16k,24k,32k}
 # The bundled mini-swe-agent trajectories whose logged contexts pass 20k tokens with this target's tokenizer:
-# `--subset mini-swe-agent-long` (12 runs, 8 repositories, held out of training; data/swebench_trajectories/README.md;
+# `--subset mini-swe-agent-long` (12 runs, 8 repositories, held out of training; tasks/swebench/trajectories/README.md;
 # `python benchmarks/long_context_study.py --subset mini-swe-agent-long --list` prints every trajectory's reach)
 SUBSET=${SUBSET:-mini-swe-agent-long}
 COUNT=${COUNT:-12}

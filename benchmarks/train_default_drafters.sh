@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 WORK=${1:-$HOME/.cache/evalsuite/train/agent-mixture}
 OUT=${2:-runs/drafters}
 INIT=${3:-baselines/drafters}
-TD=baselines/drafters/training-data
+TD=tasks/training
 DATA=(--target default
       --data "sharegpt:0.5,swe:$TD/mini-swe-agent_gemini-3-pro_train.jsonl.gz:0.35,tau:$TD/gpt-4o-airline.jsonl.gz:0.15"
       --work-dir "$WORK" --num-prompts 500 --math-prompts 200 --max-new-tokens 128

@@ -27,7 +27,7 @@ WORK=${2:-$OUT/work}
 THREADS=${THREADS:-1}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$THREADS} MKL_NUM_THREADS=${MKL_NUM_THREADS:-$THREADS} TOKENIZERS_PARALLELISM=false
 EVALSUITE=${EVALSUITE:-evalsuite}
-TD=baselines/drafters/training-data
+TD=tasks/training
 DATA=(--target qwen2.5-coder-0.5b
       --data "sharegpt:0.6,swe:$TD/mini-swe-agent_gemini-3-pro_train.jsonl.gz:0.3,tau:$TD/gpt-4o-airline.jsonl.gz:0.1"
       --work-dir "$WORK" --num-prompts 600 --math-prompts 400 --max-new-tokens 256 --gen-batch 64
@@ -38,7 +38,7 @@ mkdir -p "$OUT"
 # they are committed as they come (SEED), and a fresh work directory starts from them; the stage then regenerates
 # only the prompts they lack. `SAVE_SEED=1 bash benchmarks/train_qwen_drafters.sh [OUT_ROOT]` refreshes the committed
 # copy from the work directory and exits.
-SEED=baselines/drafters/qwen2.5-coder-0.5b/training/responses.jsonl.gz
+SEED=tasks/training/qwen2.5-coder-0.5b/responses.jsonl.gz
 if [ "${SAVE_SEED:-0}" = 1 ]; then
   mkdir -p "$(dirname "$SEED")"
   gzip -9nc "$WORK/responses.jsonl" > "$SEED.tmp" && mv "$SEED.tmp" "$SEED"

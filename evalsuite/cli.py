@@ -374,16 +374,35 @@ def methods():
 
 @app.command()
 @friendly_errors
-def tasks():
-    """List the tasks, with their data source and licence."""
+def tasks(name: Optional[str] = typer.Argument(None, help="one task: its whole description (subsets, data files)")):
+    """List the tasks from their descriptions (tasks/<task>/task.toml): data source, licence, turns, scoring."""
     from evalsuite.tasks.base import TASKS, get_task
 
-    get_task("gsm8k")
+    get_task(name or "gsm8k")
+    if name is not None:
+        info = get_task(name)
+        table = Table(title=f"task {info.name}", show_header=False)
+        table.add_column("field")
+        table.add_column("value")
+        description = info.description
+        rows = [("what it is", info.summary), ("licence", info.licence), ("source", info.source),
+                ("default replay", info.default_replay), ("turns", info.turns), ("scoring", info.scoring)]
+        if description is not None:
+            rows.append(("description", str(description.path)))
+            rows.append(("data files", ", ".join(description.files) or "none bundled"))
+            rows += [(f"--subset {s.name}", "; ".join(x for x in (s.summary, ", ".join(s.files)) if x))
+                     for s in description.subsets]
+        else:
+            rows += [(f"--subset {s}", "") for s in info.subsets]
+        for row in rows:
+            table.add_row(*row)
+        out.print(table)
+        return
     table = Table(title="tasks")
-    for column in ("name", "replay", "licence", "source", "what it is"):
+    for column in ("name", "replay", "licence", "source", "what it is", "turns", "scoring"):
         table.add_column(column)
     for info in sorted(TASKS.values(), key=lambda t: t.name):
-        table.add_row(info.name, info.default_replay, info.licence, info.source, info.summary)
+        table.add_row(info.name, info.default_replay, info.licence, info.source, info.summary, info.turns, info.scoring)
     out.print(table)
 
 

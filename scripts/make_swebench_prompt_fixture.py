@@ -1,4 +1,4 @@
-"""Writes data/swebench_prompts/style-3-FIXTURE.jsonl: a FIXTURE in the schema of princeton-nlp/SWE-bench_oracle
+"""Writes tasks/swebench/prompts/style-3-FIXTURE.jsonl: a FIXTURE in the schema of princeton-nlp/SWE-bench_oracle
 and SWE-bench_bm25_13K (the instance columns plus `text`), built from five bundled SWE-bench Lite dev rows.
 
 The real prompt sets put whole source files (the gold patch's files for oracle, BM25-retrieved files for bm25)
@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ROOT / "data" / "swebench_instances" / "princeton-nlp-SWE-bench_Lite-dev.json"
-OUT = ROOT / "data" / "swebench_prompts" / "style-3-FIXTURE.jsonl"
+SOURCE = ROOT / "tasks" / "swebench" / "instances" / "princeton-nlp-SWE-bench_Lite-dev.json"
+OUT = ROOT / "tasks" / "swebench" / "prompts" / "style-3-FIXTURE.jsonl"
 CHOSEN = ["sqlfluff__sqlfluff-1625", "marshmallow-code__marshmallow-1359", "pvlib__pvlib-python-1072",
           "pylint-dev__astroid-1268", "pydicom__pydicom-1256"]
 COLUMNS = ["instance_id", "text", "repo", "base_commit", "problem_statement", "hints_text", "created_at", "patch",

@@ -60,9 +60,10 @@ def test_wheel_ships_tasks_and_default_drafters(tmp_path):
     for method in ("dlite", "dflash", "dspark", "eagle3"):
         assert f"evalsuite/_bundled/baselines/drafters/{method}/model.safetensors" in names
         assert f"evalsuite/_bundled/baselines/drafters/{method}/config.json" in names
-    assert "evalsuite/_bundled/data/gsm8k/test.jsonl" in names
+    assert "evalsuite/_bundled/tasks/gsm8k/test.jsonl" in names
     assert not [n for n in names if "eval-runs" in n]
-    assert not [n for n in names if "training-data" in n]  # the agent trajectories are for training from a checkout
+    assert not [n for n in names if "/training/" in n or "training-" in n]  # training inputs: train from a checkout
+    assert "evalsuite/_bundled/tasks/gsm8k/task.toml" in names and "evalsuite/_bundled/tasks/README.md" in names
     assert wheel.stat().st_size < 80 * 2**20, "the wheel should stay well below PyPI's 100 MB limit"
 
     site = tmp_path / "site"
@@ -74,7 +75,7 @@ def test_wheel_ships_tasks_and_default_drafters(tmp_path):
     found = json.loads(probe.stdout.strip().splitlines()[-1])
     packaged = site / "evalsuite"
     assert Path(found["package"]).parent == packaged  # the unpacked wheel, not the checkout
-    assert found["tasks"] == str(packaged / "_bundled" / "data")
+    assert found["tasks"] == str(packaged / "_bundled" / "tasks")
     assert found["published"] == str(packaged / "_bundled" / "baselines" / "published")
     assert found["dlite"] == str(packaged / "_bundled" / "baselines" / "drafters" / "dlite")
     assert found["eagle3"] == str(packaged / "_bundled" / "baselines" / "drafters" / "eagle3")

@@ -1,6 +1,7 @@
 """A plug-in is one file: a copy of the package gets a toy model-free method, a toy engine and a toy task, each as
-one new file (the task also its data), and runs them through `evalsuite run` and `evalsuite report` with no other
-edit; and every capability a consumer branches on is the one the method declares."""
+one new file (the task also its folder in tasks/: its data and task.toml), and runs them through `evalsuite run`
+and `evalsuite report` with no other edit; and every capability a consumer branches on is the one the method
+declares."""
 
 from __future__ import annotations
 
@@ -74,19 +75,31 @@ def build(config, run_dir):
     return ToyEngine(config)
 '''
 
-TOY_TASK = '''"""A toy task: three questions in data/toy-qa/test.jsonl."""
+TOY_TASK = '''"""A toy task: three questions in tasks/toy_qa/test.jsonl, described by tasks/toy_qa/task.toml."""
 
 from __future__ import annotations
 
 from evalsuite.tasks._source import HubSpec, single_turn_trajectories, task_rows, text_field
-from evalsuite.tasks.base import DATA_DIR, LoadOptions, Trajectory, register_task
+from evalsuite.tasks.base import LoadOptions, Trajectory, register_task
+from evalsuite.tasks.description import describe
+
+TASK = describe("toy-qa")
 
 
-@register_task("toy-qa", "three short questions", licence="CC0", source="tests/test_plugins.py")
+@register_task(TASK)
 def load(options: LoadOptions) -> list[Trajectory]:
-    rows = task_rows("toy-qa", options, DATA_DIR / "toy-qa" / "test.jsonl", HubSpec("none/none"))
+    rows = task_rows("toy-qa", options, TASK.data_file(), HubSpec("none/none"))
     items = [(f"toy-{index}", text_field(row, "question", where)) for index, (where, row) in enumerate(rows)]
     return single_turn_trajectories(items, options)
+'''
+
+TOY_DESCRIPTION = '''name = "toy-qa"
+summary = "three short questions"
+licence = "CC0"
+source = "tests/test_plugins.py"
+files = ["test.jsonl"]
+turns = "single turn"
+scoring = "none"
 '''
 
 QUESTIONS = ["What is two plus two?", "Name a colour.", "Say hello twice."]
@@ -106,8 +119,9 @@ def checkout(tmp_path_factory) -> Path:
     shutil.copytree(ROOT / "evalsuite", copy / "evalsuite", ignore=shutil.ignore_patterns("__pycache__", "_bundled"))
     for relative, text in NEW_FILES.items():
         (copy / relative).write_text(text)
-    data = copy / "data" / "toy-qa" / "test.jsonl"
+    data = copy / "tasks" / "toy_qa" / "test.jsonl"  # the task's folder: its data and its description
     data.parent.mkdir(parents=True)
+    (data.parent / "task.toml").write_text(TOY_DESCRIPTION)
     data.write_text("".join(json.dumps({"question": q}) + "\n" for q in QUESTIONS))
     # the one change is the new files: every file of the package is as it was (no central list edited)
     assert _files(copy / "evalsuite") == _files(ROOT / "evalsuite") | {p.removeprefix("evalsuite/") for p in NEW_FILES}
@@ -128,6 +142,8 @@ def test_the_plugins_are_listed_and_checked_by_their_declarations(checkout):
     assert listed.returncode == 0 and "toyrepeat" in listed.stdout, listed.stderr
     tasks = evalsuite(checkout, "tasks")
     assert tasks.returncode == 0 and "toy-qa" in tasks.stdout, tasks.stderr
+    described = evalsuite(checkout, "tasks", "toy-qa")
+    assert described.returncode == 0 and "three short questions" in described.stdout, described.stderr
     typo = evalsuite(checkout, "run", "--method", "toyrepaet", "--task", "toy-qa")
     assert typo.returncode == 2 and "did you mean toyrepeat?" in typo.stderr
     bad = evalsuite(checkout, "run", "--method", "toyrepeat", "--method-option", "toyrepeat.count=0",

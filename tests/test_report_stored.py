@@ -12,7 +12,7 @@ from evalsuite import metrics
 from evalsuite.report import breakeven, decisions, effects, positions, stats, telemetry
 from evalsuite.report.load import load_results
 
-RUN = Path(__file__).resolve().parents[1] / "baselines" / "drafters" / "eval-runs" / "swebench-k7"
+RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "default-drafters" / "swebench-k7"
 
 
 @pytest.fixture(scope="module")

@@ -477,7 +477,7 @@ def test_replay_source_names_who_wrote_the_logged_replies():
 
 def test_the_long_swebench_subset_is_held_out_of_training_and_of_the_main_sample():
     """--subset mini-swe-agent-long: 12 runs over 8 repositories, none of them a training trajectory or one of the
-    30 of the default subset (data/swebench_trajectories/README.md, A2)."""
+    30 of the default subset (tasks/swebench/trajectories/README.md, A2)."""
     import gzip
     import json
 
@@ -488,7 +488,7 @@ def test_the_long_swebench_subset_is_held_out_of_training_and_of_the_main_sample
     ids = {t.meta["instance_id"] for t in long}
     assert len(long) == 12 and len({t.meta["repo"] for t in long}) == 8
     assert not ids & {t.meta["instance_id"] for t in main}
-    training = DATA_DIR.parent / "baselines/drafters/training-data/mini-swe-agent_gemini-3-pro_train.jsonl.gz"
+    training = DATA_DIR / "training" / "mini-swe-agent_gemini-3-pro_train.jsonl.gz"
     with gzip.open(training, "rt") as handle:
         assert not ids & {json.loads(line)["id"] for line in handle}
     assert all(t.meta["resolved"] in (True, False) for t in long)

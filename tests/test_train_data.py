@@ -90,9 +90,9 @@ def test_bad_training_records_are_one_line_errors(tmp_path):
 
 
 def test_the_shipped_drafters_training_prompts_avoid_every_evaluation_sample(heldout):
-    from evalsuite.methods.checkpoints import DEFAULT_DRAFTER_ROOT
+    from evalsuite.tasks.base import DATA_DIR
 
-    prompts = data.PromptSet.read(DEFAULT_DRAFTER_ROOT / "training-prompts.jsonl")
+    prompts = data.PromptSet.read(DATA_DIR / "training" / "training-prompts.jsonl")
     assert len(prompts) == 1344
     for conv in prompts:
         for _, text in conv.messages:

@@ -238,7 +238,7 @@ def test_the_bundled_training_sets_hold_out_every_evaluation_id(heldout):
     """The agent trajectories shipped for training hold no evaluation instance id."""
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1] / "baselines/drafters/training-data"
+    root = Path(__file__).resolve().parents[1] / "tasks/training"
     swe = {traj_id for traj_id, _ in mixture.load_trajectories(str(root / "mini-swe-agent_gemini-3-pro_train.jsonl.gz"))}
     tau = {traj_id for traj_id, _ in mixture.load_trajectories(str(root / "gpt-4o-airline.jsonl.gz"))}
     assert len(swe) == 414 and len(tau) == 200

@@ -288,7 +288,7 @@ def data_provenance_table(results: Results) -> Table:
         done = metrics.decoded(results.turns[results.turns.run == run.key])
         single = len(done) > 0 and int(done.groupby(["method", "sample_id"]).turn.nunique().max()) == 1
         commit = _short_commit((c.get("environment") or {}).get("git_commit"))
-        data = c.get("data_sha256") or (f"bundled data/ of the code at {commit}" if not c.get("data_path")
+        data = c.get("data_sha256") or (f"bundled task data of the code at {commit}" if not c.get("data_path")
                                         else "not recorded")
         records.append({"run": run.key, "task": run.task_label, "samples": len(c.get("sample_ids") or []),
                         "sample_ids": ", ".join(map(str, c.get("sample_ids") or [])) or "–",

@@ -7,7 +7,7 @@ import pkgutil
 from evalsuite.tasks.base import TASKS, LoadOptions, TaskInfo, Trajectory, Turn, get_task
 
 for _info in pkgutil.iter_modules(__path__):
-    if _info.name not in ("base", "environment") and not _info.name.startswith("_"):
+    if _info.name not in ("base", "environment", "description") and not _info.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_info.name}")
 
 __all__ = ["TASKS", "LoadOptions", "TaskInfo", "Trajectory", "Turn", "get_task"]

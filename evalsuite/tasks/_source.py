@@ -1,7 +1,7 @@
-"""Where a task's records come from: the bundled copy in `data/`, a local `--data-path`, or the Hugging Face hub.
+"""Where a task's records come from: the bundled copy in `tasks/`, a local `--data-path`, or the Hugging Face hub.
 
 `--data-path` semantics, shared by every adapter:
-- not given: the bundled copy under `data/<name>/`;
+- not given: the bundled copy under `tasks/<name>/`;
 - an existing file or directory: a full local copy in the task's native format;
 - `hub`, or an `owner/name` id that is not a local path: loaded with `datasets.load_dataset` (the reference HF id
   for `hub`). When the hub cannot be reached the run stops with a one-line message that says how to get the data.

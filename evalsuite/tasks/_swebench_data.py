@@ -22,15 +22,16 @@ from evalsuite.errors import UserError
 from evalsuite.tasks import _source
 from evalsuite.tasks._source import read_json_document, read_records
 from evalsuite.tasks._trajectory_formats import as_bool, repo_from_instance_id
-from evalsuite.tasks.base import DATA_DIR, Trajectory
+from evalsuite.tasks.base import Trajectory
+from evalsuite.tasks.description import describe
 
 INSTANCE_SETS = {"lite": "SWE-bench/SWE-bench_Lite", "verified": "SWE-bench/SWE-bench_Verified",
                  "full": "SWE-bench/SWE-bench"}
 PROMPT_SETS = {"oracle": "princeton-nlp/SWE-bench_oracle", "bm25-13k": "princeton-nlp/SWE-bench_bm25_13K"}
-INSTANCES_DIR = DATA_DIR / "swebench_instances"
-BUNDLED_LITE = INSTANCES_DIR / "princeton-nlp-SWE-bench_Lite-test.even-index-subset.json"
-BUNDLED_LITE_DEV = INSTANCES_DIR / "princeton-nlp-SWE-bench_Lite-dev.json"
-BUNDLED_RESULTS = DATA_DIR / "swebench_trajectories" / "mini-swe-agent_gemini-3-pro_verified" / "results_summary.json"
+TASK = describe("swebench")  # tasks/swebench/task.toml: name, licence, source, subsets and their files, turns, scoring
+BUNDLED_LITE, BUNDLED_LITE_DEV = (TASK.file(f) for f in TASK.subset("lite").files) if not TASK.missing \
+    else (TASK.folder, TASK.folder)  # the 150 Lite test issues, and the dev rows (repository metadata)
+BUNDLED_RESULTS = next((TASK.file(f) for f in TASK.files if f.endswith("results_summary.json")), TASK.folder)
 EXTRA_HINT = "pip install 'evalsuite[swebench]' (swebench==5.0.2)"
 
 

@@ -28,6 +28,7 @@ from evalsuite.tasks._conversation import conversation_trajectory
 from evalsuite.tasks._source import HUB as HUB_WORD, hub_reachable, local_path, offline_message, read_records, \
     wants_hub
 from evalsuite.tasks.base import LoadOptions, Trajectory, Turn, register_task, seeded_subset
+from evalsuite.tasks.description import describe
 
 HUB_ID = "ign1s/AgentLongBench"
 DEFAULT_FILTER = "64k"
@@ -231,10 +232,10 @@ def sample_trajectory(row: dict, where: str, path: Path, final_only: bool) -> Tr
     return trajectory
 
 
-@register_task("agentlongbench", "long-context agent rollouts (guess-the-entity with tools, 32k-4M tokens): "
-               "per-round replay, question last; hub only", licence="MIT",
-               source=f"HF {HUB_ID} (euReKa025/AgentLongBench); DLite prepare_agentlongbench_acceptance.py",
-               default_replay="logged", subsets=("[final:]<filter>, e.g. 64k, ki-c/128k, final:64k",), bundled=False)
+TASK = describe("agentlongbench")  # tasks/agentlongbench/task.toml: name, licence, source, subsets, turns, scoring
+
+
+@register_task(TASK)
 def load(options: LoadOptions) -> list[Trajectory]:
     final_only, wanted = parse_subset(options.subset)
     root = _data_root(options)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from evalsuite.errors import UserError
 from evalsuite.tasks._source import HUB as HUB_WORD, HubSpec, hub_rows, local_path, read_records, wants_hub
 from evalsuite.tasks.base import LoadOptions, Trajectory, Turn, register_task, seeded_subset
+from evalsuite.tasks.description import describe
 
 HUB_ID = "ai-hyz/MemoryAgentBench"
 SYSTEM_MESSAGE = "You are a helpful assistant that can read a long context and answer questions based on it."
@@ -128,10 +129,10 @@ def category_trajectories(category: str, rows: list[tuple[str, dict]]) -> list[T
     return out
 
 
-@register_task("agentmemorybench", "long-context memory QA (fact consolidation, event QA, detective stories), "
-               "DLite's acceptance prompts; hub only", licence="MIT",
-               source=f"HF {HUB_ID} (HUST-AI-HYZ/MemoryAgentBench); DLite memoryagentbench_acceptance.py",
-               default_replay="free", subsets=tuple(CATEGORIES), bundled=False)
+TASK = describe("agentmemorybench")  # tasks/agentmemorybench/task.toml: name, licence, source, subsets, turns, scoring
+
+
+@register_task(TASK)
 def load(options: LoadOptions) -> list[Trajectory]:
     if options.subset is not None and options.subset not in CATEGORIES:
         raise UserError(f"--subset {options.subset}: agentmemorybench has subsets {', '.join(CATEGORIES)}")

@@ -8,29 +8,27 @@ from __future__ import annotations
 
 from evalsuite.errors import UserError
 from evalsuite.tasks._source import HubSpec, first_turn, read_records, single_turn_trajectories, task_rows, text_field
-from evalsuite.tasks.base import DATA_DIR, LoadOptions, Trajectory, register_task
+from evalsuite.tasks.base import LoadOptions, Trajectory, register_task
+from evalsuite.tasks.description import describe
 
 HUB = HubSpec("tatsu-lab/alpaca", split="train")
-BUNDLED = {"eagle": DATA_DIR / "alpaca" / "eagle_alpaca" / "question.jsonl",
-           "alpaca_eval": DATA_DIR / "alpaca" / "alpaca_eval" / "text_davinci_003" / "model_outputs.json"}
+TASK = describe("alpaca")  # tasks/alpaca/task.toml: name, licence, source, subsets and their files, turns, scoring
+BUNDLED = {subset: TASK.data_file(subset) for subset in TASK.subset_names}
 
 
 def format_prompt(instruction: str, input_text: str | None) -> str:
     return f"{instruction}\n\nInput:\n{input_text}" if input_text else instruction
 
 
-@register_task("alpaca", "Stanford Alpaca instructions (80 EAGLE records; 805 AlpacaEval with --subset alpaca_eval), "
-               "one turn", licence="CC BY-NC 4.0 (non-commercial use only)",
-               source="SafeAILab/EAGLE eagle/data/alpaca; tatsu-lab/alpaca_eval; HF tatsu-lab/alpaca train",
-               subsets=tuple(BUNDLED))
+@register_task(TASK)
 def load(options: LoadOptions) -> list[Trajectory]:
     if options.data_path:
         if options.subset is not None:
             raise UserError(f"--subset {options.subset}: alpaca's subsets pick a bundled file; with --data-path "
                             "drop --subset")
-        rows = task_rows("alpaca", options, BUNDLED["eagle"], HUB)
+        rows = task_rows("alpaca", options, TASK.data_file(), HUB)
     else:
-        subset = options.subset or "eagle"
+        subset = options.subset or TASK.default_subset
         if subset not in BUNDLED:
             raise UserError(f"--subset {subset}: alpaca has subsets {', '.join(BUNDLED)}")
         rows = read_records(BUNDLED[subset])

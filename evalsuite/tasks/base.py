@@ -16,7 +16,7 @@ from evalsuite.bundled import bundled_path, require_bundled
 from evalsuite.catalog import suggest
 from evalsuite.errors import UserError
 
-DATA_DIR = bundled_path("data")
+DATA_DIR = bundled_path("tasks")  # the top-level tasks/: one folder per task (its data, README, task.toml)
 
 
 @dataclass
@@ -60,17 +60,31 @@ class TaskInfo:
     source: str
     subsets: tuple[str, ...] = ()  # what --subset accepts (for messages); empty: the task has none
     formats: bool = False  # whether --format (a trajectory format for --data-path) applies
+    turns: str = ""  # the turn structure, in words (from the task's description)
+    scoring: str = ""  # the task's own metric, and whether evalsuite computes it
+    description: object | None = None  # the TaskDescription it was registered from (evalsuite/tasks/description.py)
 
 
 TASKS: dict[str, TaskInfo] = {}
 
 
-def register_task(name: str, summary: str, licence: str, source: str, default_replay: str = "free",
-                  subsets: tuple[str, ...] = (), bundled: bool = True, formats: bool = False):
-    """Register an adapter. `subsets`: what --subset accepts (the adapter checks the names); `bundled`: whether
-    the task reads data/ when no --data-path is given; `formats`: whether it reads --format. Before the adapter
-    runs, a --subset for a task without subsets is refused, so is a --format for a task without formats, and so is
-    a run on bundled data when this install has none."""
+def register_task(name, summary: str | None = None, licence: str | None = None, source: str | None = None,
+                  default_replay: str = "free", subsets: tuple[str, ...] = (), bundled: bool = True,
+                  formats: bool = False):
+    """Register an adapter, from its task's description (`register_task(describe("gsm8k"))`, the fields of
+    tasks/<folder>/task.toml; evalsuite/tasks/description.py) or from the fields themselves (a plug-in without a
+    description). `subsets`: what --subset accepts (the adapter checks the names); `bundled`: whether the task
+    reads tasks/ when no --data-path is given; `formats`: whether it reads --format. Before the adapter runs, a
+    --subset for a task without subsets is refused, so is a --format for a task without formats, and so is a run
+    on bundled data when this install has none."""
+    description = None
+    if not isinstance(name, str):
+        description = name
+        name, summary, licence, source = description.name, description.summary, description.licence, description.source
+        default_replay, bundled, formats = description.default_replay, description.bundled, description.formats
+        subsets = description.subset_names
+    elif summary is None or licence is None or source is None:
+        raise TypeError(f"register_task({name!r}): give the task's description, or summary, licence and source")
 
     def wrap(load: Callable[[LoadOptions], list[Trajectory]]):
         def checked_load(options: LoadOptions) -> list[Trajectory]:
@@ -80,10 +94,14 @@ def register_task(name: str, summary: str, licence: str, source: str, default_re
                 raise UserError(f"--format {options.format}: task {name} reads one format; --format is for "
                                 "--task swebench trajectories")
             if options.data_path is None and bundled:
-                require_bundled("data", f"the bundled data of task {name}", "pass --data-path")
+                require_bundled("tasks", f"the bundled data of task {name}", "pass --data-path")
+                if description is not None and description.missing:
+                    raise UserError(f"task {name}: its description {description.path} is missing from this "
+                                    "install; reinstall evalsuite with its bundled data, or pass --data-path")
             return load(options)
 
-        TASKS[name] = TaskInfo(name, checked_load, summary, default_replay, licence, source, tuple(subsets), formats)
+        TASKS[name] = TaskInfo(name, checked_load, summary, default_replay, licence, source, tuple(subsets), formats,
+                               getattr(description, "turns", ""), getattr(description, "scoring", ""), description)
         return load
 
     return wrap

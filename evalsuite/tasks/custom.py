@@ -16,6 +16,7 @@ from evalsuite.errors import UserError
 from evalsuite.tasks._conversation import conversation_trajectory
 from evalsuite.tasks._source import local_path, read_records
 from evalsuite.tasks.base import LoadOptions, Trajectory, Turn, register_task, seeded_subset
+from evalsuite.tasks.description import describe
 
 
 def _sample_id(row: dict, where: str) -> str:
@@ -32,10 +33,10 @@ def _raw_trajectory(sample_id: str, ids, where: str) -> Trajectory:
     return Trajectory(sample_id, [Turn(new_messages=[], prompt_ids=list(ids))])
 
 
-@register_task("custom", "your own trajectories: --data-path FILE.jsonl with {id, messages} (OpenAI-style, tool calls "
-               "allowed, turn per assistant message) or {id, prompt_ids} (raw ids, no template)",
-               licence="that of your data", source="--data-path FILE.jsonl (docs/tasks.md)", default_replay="logged",
-               bundled=False)
+TASK = describe("custom")  # tasks/custom/task.toml: name, licence, source, subsets, turns, scoring
+
+
+@register_task(TASK)
 def load(options: LoadOptions) -> list[Trajectory]:
     if not options.data_path:
         raise UserError("--task custom needs --data-path FILE.jsonl with {\"id\", \"messages\"} or "

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from evalsuite.tasks._source import HubSpec, prompted, single_turn_trajectories, task_rows
-from evalsuite.tasks.base import DATA_DIR, LoadOptions, Trajectory, register_task
+from evalsuite.tasks.base import LoadOptions, Trajectory, register_task
+from evalsuite.tasks.description import describe
 
 PROMPT = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 HUB = HubSpec("openai/gsm8k", name="main", split="test")
+TASK = describe("gsm8k")  # tasks/gsm8k/task.toml: name, licence, source, data files, turns, scoring
 
 
-@register_task("gsm8k", "grade-school maths word problems (1,319 test questions), one turn",
-               licence="MIT", source="openai/grade-school-math test.jsonl; HF openai/gsm8k main/test")
+@register_task(TASK)
 def load(options: LoadOptions) -> list[Trajectory]:
-    rows = task_rows("gsm8k", options, DATA_DIR / "gsm8k" / "test.jsonl", HUB)
+    rows = task_rows("gsm8k", options, TASK.data_file(), HUB)
     items = prompted(rows, "question", PROMPT, lambda index, row: f"gsm8k-{index}")
     return single_turn_trajectories(items, options)

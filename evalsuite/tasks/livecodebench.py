@@ -7,7 +7,8 @@ are formatted here with the same template, which DFlash and DLite use (docs/meth
 from __future__ import annotations
 
 from evalsuite.tasks._source import HubSpec, first_turn, single_turn_trajectories, task_rows, text_field
-from evalsuite.tasks.base import DATA_DIR, LoadOptions, Trajectory, register_task
+from evalsuite.tasks.base import LoadOptions, Trajectory, register_task
+from evalsuite.tasks.description import describe
 
 SYSTEM_TEXT = ("You are an expert Python programmer. You will be given a question (problem specification) and will "
                "generate a correct Python program that matches the specification and passes all tests. You will NOT "
@@ -19,6 +20,7 @@ _BASE = "https://huggingface.co/datasets/livecodebench/code_generation_lite/reso
 HUB = HubSpec("json", split="test", data_files={"test": [_BASE + f for f in (
     "test.jsonl", "test2.jsonl", "test3.jsonl", "test4.jsonl", "test5.jsonl", "test6.jsonl")]},
               label="livecodebench/code_generation_lite")
+TASK = describe("livecodebench")  # tasks/livecodebench/task.toml: name, licence, source, files, turns, scoring
 
 
 def format_prompt(question: str, starter_code: str | None) -> str:
@@ -29,11 +31,9 @@ def format_prompt(question: str, starter_code: str | None) -> str:
     return f"{SYSTEM_TEXT}\n\n### Question:\n{question}\n\n{fmt}\n{code}\n\n{ANSWER}"
 
 
-@register_task("livecodebench", "1,055 contest problems (LeetCode/AtCoder/Codeforces, release_v6), one turn",
-               licence="CC (version unstated on the HF card); problems scraped from contest sites: research use",
-               source="deepseek-ai/DeepSpec eval_datasets/livecodebench.jsonl; HF livecodebench/code_generation_lite")
+@register_task(TASK)
 def load(options: LoadOptions) -> list[Trajectory]:
-    rows = task_rows("livecodebench", options, DATA_DIR / "livecodebench" / "livecodebench.jsonl", HUB)
+    rows = task_rows("livecodebench", options, TASK.data_file(), HUB)
     items = []
     for index, (where, row) in enumerate(rows):
         if "question_content" in row:

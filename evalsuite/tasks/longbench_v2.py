@@ -8,7 +8,7 @@ DLite's shards also keep only contexts of 32k-64k target tokens; no token filter
 rendered prompt (context prefix, then the question) within the point, so the points of one item are nested contexts
 of one document (LongBench's own scripts cut the middle instead, to fit one window).
 
-Bundled: 17 real items with full contexts (`data/longbench_v2`, index.jsonl + items/). `--data-path` takes the
+Bundled: 17 real items with full contexts (`tasks/longbench_v2`, index.jsonl + items/). `--data-path` takes the
 official `data.json` (a JSON array with `context`) or a JSON Lines export; `hub` loads THUDM/LongBench-v2 train.
 """
 
@@ -18,11 +18,13 @@ from __future__ import annotations
 from evalsuite.errors import UserError
 from evalsuite.tasks._source import HubSpec, hub_rows, local_path, read_records, text_field, wants_hub, \
     HUB as HUB_WORD
-from evalsuite.tasks.base import DATA_DIR, LoadOptions, Trajectory, Turn, register_task, seeded_subset
+from evalsuite.tasks.base import LoadOptions, Trajectory, Turn, register_task, seeded_subset
+from evalsuite.tasks.description import describe
 
 PROMPT = "{context}\n\nQuestion: {question}"
 HUB = HubSpec("THUDM/LongBench-v2", split="train")
-BUNDLED = DATA_DIR / "longbench_v2"
+TASK = describe("longbench-v2")  # tasks/longbench_v2/task.toml: name, licence, source, files, subsets, turns
+BUNDLED = TASK.folder
 SUBSETS = {
     "single_document_qa": "Single-Document QA",
     "multi_document_qa": "Multi-Document QA",
@@ -36,7 +38,7 @@ SUBSETS = {
 def _bundled_rows() -> list[tuple[str, dict]]:
     """The index lists all 503 items; only those whose context file is bundled can run."""
     rows = []
-    for where, row in read_records(BUNDLED / "index.jsonl"):
+    for where, row in read_records(TASK.file("index.jsonl")):
         if not row.get("context_shipped"):
             continue
         context_path = BUNDLED / "items" / text_field(row, "context_file", where)
@@ -48,10 +50,7 @@ def _bundled_rows() -> list[tuple[str, dict]]:
     return rows
 
 
-@register_task("longbench-v2", "long-context multiple-choice QA (17 bundled items of 503); one long turn; "
-               "--subset for DLite's domain shards", licence="Apache-2.0 (data); MIT (markdown copy)",
-               source="itsnamgyu/longbench2_md (THUDM LongBench-v2 data.json); HF THUDM/LongBench-v2 train",
-               subsets=tuple(SUBSETS))
+@register_task(TASK)
 def load(options: LoadOptions) -> list[Trajectory]:
     if options.subset is not None and options.subset not in SUBSETS:
         raise UserError(f"--subset {options.subset}: longbench-v2 has subsets {', '.join(SUBSETS)}")

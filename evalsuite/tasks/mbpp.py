@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from evalsuite.tasks._source import HubSpec, single_turn_trajectories, task_rows, text_field, wants_hub
-from evalsuite.tasks.base import DATA_DIR, LoadOptions, Trajectory, register_task
+from evalsuite.tasks.base import LoadOptions, Trajectory, register_task
+from evalsuite.tasks.description import describe
 
 HUB = HubSpec("google-research-datasets/mbpp", name="sanitized", split="test")
+TASK = describe("mbpp")  # tasks/mbpp/task.toml: name, licence, source, data files, turns, scoring
 TEST_TASK_IDS = range(11, 511)  # the upstream test split; the bundled file holds all 427 sanitized records
 
 
-@register_task("mbpp", "257 basic Python problems (sanitized test split), one turn",
-               licence="CC-BY-4.0 (data), Apache-2.0 (code)",
-               source="google-research mbpp/sanitized-mbpp.json; HF google-research-datasets/mbpp sanitized/test")
+@register_task(TASK)
 def load(options: LoadOptions) -> list[Trajectory]:
-    rows = task_rows("mbpp", options, DATA_DIR / "mbpp" / "sanitized-mbpp.json", HUB)
+    rows = task_rows("mbpp", options, TASK.data_file(), HUB)
     items = []
     for index, (where, row) in enumerate(rows):
         task_id = row.get("task_id")

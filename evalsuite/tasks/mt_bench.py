@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from evalsuite.errors import UserError
 from evalsuite.tasks._source import HubSpec, task_rows
-from evalsuite.tasks.base import DATA_DIR, LoadOptions, Trajectory, register_task, seeded_subset, user_turn
+from evalsuite.tasks.base import LoadOptions, Trajectory, register_task, seeded_subset, user_turn
+from evalsuite.tasks.description import describe
 
 HUB = HubSpec("HuggingFaceH4/mt_bench_prompts", split="train")
+TASK = describe("mt-bench")  # tasks/mt_bench/task.toml: name, licence, source, data files, turns, scoring
 
 
-@register_task("mt-bench", "80 two-turn chat questions in 8 categories; turn 2 follows the model's own answer",
-               licence="Apache-2.0", source="lm-sys/FastChat llm_judge question.jsonl; HF HuggingFaceH4/mt_bench_prompts")
+@register_task(TASK)
 def load(options: LoadOptions) -> list[Trajectory]:
-    rows = task_rows("mt-bench", options, DATA_DIR / "mt_bench" / "question.jsonl", HUB)
+    rows = task_rows("mt-bench", options, TASK.data_file(), HUB)
     records = []
     for index, (where, record) in enumerate(rows):
         turns = record.get("turns") or record.get("prompt")  # FastChat names them turns, the HF copy prompt

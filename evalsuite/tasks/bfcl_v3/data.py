@@ -26,10 +26,12 @@ from pathlib import Path
 
 from evalsuite.errors import UserError
 from evalsuite.tasks._source import local_path, read_records
-from evalsuite.tasks.base import DATA_DIR, LoadOptions, Trajectory, Turn, register_task, seeded_subset
+from evalsuite.tasks.base import LoadOptions, Trajectory, Turn, register_task, seeded_subset
+from evalsuite.tasks.description import describe
 
-BUNDLED = DATA_DIR / "bfcl_v3"
-SUBSETS = ("base", "long_context")
+TASK = describe("bfcl-v3")  # tasks/bfcl_v3/task.toml: name, licence, source, subsets and their files, turns, scoring
+BUNDLED = TASK.folder
+SUBSETS = TASK.subset_names
 PYTHON_HINT = " Note that the provided function is in Python 3 syntax."
 CLASS_DOC = {
     "GorillaFileSystem": "gorilla_file_system", "MathAPI": "math_api", "MessageAPI": "message_api",
@@ -104,7 +106,7 @@ def _class_docs(root: Path, classes: list[str], where: str) -> list[dict]:
 
 
 def _files(options: LoadOptions) -> tuple[Path, Path, Path]:
-    subset = options.subset or "base"
+    subset = options.subset or TASK.default_subset
     if subset not in SUBSETS:
         raise UserError(f"--subset {subset}: bfcl-v3 has subsets {', '.join(SUBSETS)}")
     if options.data_path is None:
@@ -124,10 +126,7 @@ def _files(options: LoadOptions) -> tuple[Path, Path, Path]:
     return root, question, answer
 
 
-@register_task("bfcl-v3", "function calling over 1-7 user turns (200 multi-turn base / long_context entries); "
-               "ground-truth calls as logged assistant turns", licence="Apache-2.0",
-               source="ShishirPatil/gorilla berkeley-function-call-leaderboard bfcl_eval/data (v3, cd9429c)",
-               default_replay="logged", subsets=SUBSETS)
+@register_task(TASK)
 def load(options: LoadOptions) -> list[Trajectory]:
     root, question_file, answer_file = _files(options)
     answers = {}
