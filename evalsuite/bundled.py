@@ -16,16 +16,11 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 PACKAGED_ROOT = PACKAGE_DIR / "_bundled"  # in a built wheel
 SOURCE_ROOT = PACKAGE_DIR.parent  # the repository, in a checkout or an editable install
 SHIPPED = ("tasks", "baselines/drafters", "baselines/published")  # what setup.py packs (see also MANIFEST.in)
-# the old name of tasks/ (issue #34): still answered, for callers not yet moved (evalsuite/profile.py); drop when none
-RENAMED = {"data": "tasks"}
 
 
 def bundled_path(relative: str) -> Path:
     """Where the bundled `relative` (one of SHIPPED, or a path below one) is: the packaged copy when there is
     one, else the repository's. The result may not exist (see `require_bundled`)."""
-    head, _, rest = relative.partition("/")
-    if head in RENAMED:
-        relative = RENAMED[head] + ("/" + rest if rest else "")
     packaged = PACKAGED_ROOT / relative
     return packaged if PACKAGED_ROOT.is_dir() else SOURCE_ROOT / relative
 

@@ -99,7 +99,6 @@ def test_bundled_lookup_prefers_the_packaged_copy(tmp_path, monkeypatch):
     monkeypatch.setattr(bundled, "PACKAGED_ROOT", packaged)
     monkeypatch.setattr(bundled, "SOURCE_ROOT", source)
     assert bundled.bundled_path("tasks") == source / "tasks"  # a checkout: the repository's own directory
-    assert bundled.bundled_path("data/gsm8k") == source / "tasks" / "gsm8k"  # the old name (RENAMED)
     (packaged / "tasks").mkdir(parents=True)
     assert bundled.bundled_path("baselines/drafters") == packaged / "baselines" / "drafters"  # a wheel
 

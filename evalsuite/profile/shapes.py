@@ -133,7 +133,7 @@ def build_target(target: str | None, target_shape: str | None, device: str, dtyp
 def real_text_ids(target: TargetModel, length: int) -> list[int]:
     """GSM8K questions and answers, then MT-Bench questions (the bundled data), tokenized and repeated to
     `length` tokens: what the model-free drafters look up in."""
-    data = require_bundled("data", "the bundled task data", "run from a source checkout")
+    data = require_bundled("tasks", "the bundled task data", "run from a source checkout")
     texts = []
     for line in (data / "gsm8k" / "test.jsonl").read_text().splitlines():
         record = json.loads(line)
