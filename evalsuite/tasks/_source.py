@@ -23,7 +23,8 @@ from typing import Any, Iterable
 from urllib.parse import urlparse
 
 from evalsuite.errors import UserError
-from evalsuite.tasks.base import LoadOptions, Trajectory, iter_jsonl_bytes, seeded_subset, user_turn
+from evalsuite.tasks.base import LoadOptions, Trajectory, iter_jsonl_bytes, register_task, seeded_subset, user_turn
+from evalsuite.tasks.description import describe
 
 HUB = "hub"  # `--data-path hub`: the task's reference Hugging Face id
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -180,6 +181,20 @@ def prompted(rows: list[Record], field: str, template: str, sample_id) -> list[t
     `sample_id(index, row)` names the sample."""
     return [(sample_id(index, row), template.format(**{field: text_field(row, field, where)}))
             for index, (where, row) in enumerate(rows)]
+
+
+def prompt_task(name: str, field: str, template: str, hub: HubSpec, sample_id):
+    """Register task `name` (described by tasks/<name>/task.toml) as one single-turn prompt per row: the row's
+    `field` put into `template`, from the bundled file, a local one or `hub`; `sample_id(index, row)` names it.
+    Returns the loader."""
+    task = describe(name)
+
+    @register_task(task)
+    def load(options: LoadOptions) -> list[Trajectory]:
+        rows = task_rows(name, options, task.data_file(), hub)
+        return single_turn_trajectories(prompted(rows, field, template, sample_id), options)
+
+    return load
 
 
 def first_turn(row: dict, where: str, raw_field: str) -> str:

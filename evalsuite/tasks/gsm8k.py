@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-from evalsuite.tasks._source import HubSpec, prompted, single_turn_trajectories, task_rows
-from evalsuite.tasks.base import LoadOptions, Trajectory, register_task
-from evalsuite.tasks.description import describe
+from evalsuite.tasks._source import HubSpec, prompt_task
 
 PROMPT = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 HUB = HubSpec("openai/gsm8k", name="main", split="test")
-TASK = describe("gsm8k")  # tasks/gsm8k/task.toml: name, licence, source, data files, turns, scoring
-
-
-@register_task(TASK)
-def load(options: LoadOptions) -> list[Trajectory]:
-    rows = task_rows("gsm8k", options, TASK.data_file(), HUB)
-    items = prompted(rows, "question", PROMPT, lambda index, row: f"gsm8k-{index}")
-    return single_turn_trajectories(items, options)
+# tasks/gsm8k/task.toml: name, licence, source, data files, turns, scoring
+load = prompt_task("gsm8k", "question", PROMPT, HUB, lambda index, row: f"gsm8k-{index}")
