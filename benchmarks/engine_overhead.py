@@ -18,9 +18,9 @@ import statistics
 
 import torch
 
-from evalsuite.engine import decode_turn
+from evalsuite.engines.hf import PrefixCache
+from evalsuite.engines.loop import decode_turn
 from evalsuite.methods.base import Sampling, get_method
-from evalsuite.run.runner import PrefixCache
 from evalsuite.target.model import TargetModel
 from evalsuite.tasks.base import LoadOptions, get_task
 from evalsuite.timing import DeviceClock

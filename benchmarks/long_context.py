@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from evalsuite.store.records import load_steps, load_turns
+from evalsuite.store.run_store import read_run
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAJECTORIES = ROOT / "tasks" / "swebench" / "trajectories" / "mini-swe-agent_gemini-3-pro_verified" / "trajs"
@@ -49,7 +49,8 @@ def pooled_speedup(turns: pd.DataFrame, method: str) -> float:
 
 
 def summarise(engine: str, out: Path, k: int) -> pd.DataFrame:
-    steps, turns = load_steps(out), load_turns(out)
+    tables = read_run(out)
+    steps, turns = tables.steps, tables.turns
     print(f"\n== --kv-cache {engine}")
     print("context   ar decode ms (n)   verify-{} ms (n)   verify ÷ decode".format(k + 1))
     for lo, hi, label in BANDS:

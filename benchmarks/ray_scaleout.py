@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from evalsuite.store.records import load_turns
+from evalsuite.store.run_store import read_run
 
 
 def run(label: str, out: Path, args: argparse.Namespace, extra: list[str], threads: int) -> float:
@@ -40,7 +40,7 @@ def run(label: str, out: Path, args: argparse.Namespace, extra: list[str], threa
 
 
 def per_token_ms(out: Path) -> float:
-    turns = load_turns(out)
+    turns = read_run(out).turns
     turns = turns[turns.new_tokens > 0]
     return 1000 * turns.decode_s.sum() / turns.new_tokens.sum()
 
@@ -63,7 +63,7 @@ def main() -> None:
                 sys.exit(f"{path} exists; choose another --keep")
         t_single = run("--workers 1", single, args, [], threads=2)
         t_ray = run("--workers 2", ray, args, ["--workers", "2", "--threads-per-worker", "1"], threads=1)
-        a, b = load_turns(single), load_turns(ray)
+        a, b = read_run(single).turns, read_run(ray).turns
         key = ["method", "sample_id", "turn"]
         merged = a.merge(b, on=key, suffixes=("_1", "_2"))
         same = len(merged) == len(a) == len(b) and all(
