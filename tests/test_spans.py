@@ -247,7 +247,7 @@ def test_a_reader_beside_a_compacting_writer_reads_a_whole_snapshot(tmp_path, mo
     line or kill_resume's reader meets it): the reader lists again instead of failing."""
     import pyarrow.parquet as pq
 
-    from evalsuite import store as store_module
+    from evalsuite.store import run_store as store_module
 
     run = _run(tmp_path)
     expected = len(read_run(run).turns)
