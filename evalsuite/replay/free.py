@@ -40,7 +40,8 @@ class FreeReplay(MethodReplay):
             and first.prompt_ids is None else []
         if self.cut_points:
             self.turn_count = len(self.cut_points[:max_turns])
-        self.cuts = {} if cuts is None else cuts  # point → its context ids, shared by the methods of a trajectory
+        # the document's renderings ("full", "bare", and each point's ids), shared by the methods of a trajectory
+        self.cuts = {} if cuts is None else cuts
         self.history: list[dict] = []
         self.logged_replies = 0  # replies in the history taken from the log
         self.model_replies = 0  # replies in the history the model produced
@@ -88,28 +89,25 @@ class FreeReplay(MethodReplay):
         def render(chars: int) -> list[int]:
             return self.render([*before, {**message, "content": document[:chars] + rest}])
 
-        if "full" not in self.cuts:
-            self.cuts["full"] = render(len(document))
-        full = self.cuts["full"]
+        if not self.cuts:  # the prompt with its whole document and without any of it, once per trajectory
+            self.cuts.update(full=render(len(document)), bare=render(0))
+        full, bare = self.cuts["full"], self.cuts["bare"]
         if len(full) < point:
             return TurnContext("free", full, skip_reason=f"the whole prompt is {len(full):,} tokens, short of the "
                                                          f"context point {point:,} (--context-points)")
+        if len(bare) > point:
+            return TurnContext("free", bare, skip_reason=f"the prompt without its document is longer than the "
+                                                         f"context point {point:,} (--context-points)")
         if point not in self.cuts:
-            low, high = 0, len(document)  # render(low) fits (or nothing does); render(high) does not
-            if len(render(0)) > point:
-                self.cuts[point] = []
-            else:
-                while high - low > 1:
-                    middle = (low + high) // 2
-                    if len(render(middle)) <= point:
-                        low = middle
-                    else:
-                        high = middle
-                self.cuts[point] = render(low)
+            low, high = 0, len(document)  # render(low) fits; render(high) does not
+            while high - low > 1:
+                middle = (low + high) // 2
+                if len(render(middle)) <= point:
+                    low = middle
+                else:
+                    high = middle
+            self.cuts[point] = render(low)
         ids = self.cuts[point]
-        if not ids:
-            return TurnContext("free", render(0), skip_reason=f"the prompt without its document is longer than the "
-                                                              f"context point {point:,} (--context-points)")
         if len(ids) > self.policy.window.budget:
             return TurnContext("free", ids, skip_reason=f"context point {point:,}: leaves no room for a decode in "
                                                         f"the target's {self.policy.window.max_context:,}-token window")

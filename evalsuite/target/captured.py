@@ -58,9 +58,7 @@ class PooledCache:
         return self.inner.get_seq_length()
 
     def reserve(self, length: int) -> None:
-        if length > self._steps.capacity:
-            raise UserError(f"a context of {length} tokens does not fit the captured KV cache ({self._steps.capacity} "
-                            "positions, fixed before capture); run with --cuda-graphs off")
+        self._steps.check_fits(length)
         self.inner  # a stale lease refuses
 
     def crop_to(self, length: int) -> None:
@@ -124,10 +122,16 @@ class CapturedSteps:
         return [t.data_ptr() for layer in self.cache.layers for t in layer.buffers()]
 
     # ---- forwards --------------------------------------------------------------------------------------------
-    def takes(self, rows: int, cache) -> bool:
-        """Whether a block of `rows` tokens after `cache` runs here (else the fused decoder's ordinary forward)."""
-        return isinstance(cache, PooledCache) and 1 <= rows <= self.max_rows and \
-            cache.get_seq_length() + rows <= self.capacity
+    def check_fits(self, length: int) -> None:
+        """A one-line error for a context longer than the cache allocated before capture."""
+        if length > self.capacity:
+            raise UserError(f"a context of {length} tokens does not fit the captured KV cache ({self.capacity} "
+                            "positions, fixed before capture); run with --cuda-graphs off")
+
+    def takes(self, rows: int, cache: PooledCache) -> bool:
+        """Whether a block of `rows` tokens after the leased `cache` runs here (else the fused decoder's ordinary
+        forward)."""
+        return 1 <= rows <= self.max_rows and cache.get_seq_length() + rows <= self.capacity
 
     def span_for(self, end: int) -> int:
         return self.spans[bisect.bisect_left(self.spans, end)]

@@ -239,9 +239,7 @@ class TargetModel:
         ids = input_ids.view(1, -1)
         if isinstance(cache, PooledCache):
             steps = self.captured
-            if cache.get_seq_length() + ids.shape[1] > steps.capacity:
-                raise UserError(f"a context of {cache.get_seq_length() + ids.shape[1]} tokens does not fit the "
-                                f"captured KV cache ({steps.capacity} positions); run with --cuda-graphs off")
+            steps.check_fits(cache.get_seq_length() + ids.shape[1])
             if not last_only and steps.takes(ids.shape[1], cache):
                 logits, hidden = steps.forward(ids, cache, tuple(layer_ids))
                 return ForwardOutput(logits=logits[0].float(), hidden=None if hidden is None else hidden[0])
