@@ -138,6 +138,33 @@ def test_the_dlite_head_warm_start_learns_the_targets_greedy_tokens(setup, tmp_p
     assert not A.requires_grad and not B.requires_grad
 
 
+def test_the_head_warm_start_is_fitted_once_per_set_of_inputs(setup, tmp_path, monkeypatch):
+    """A resumed run reads the fitted head back from beside the feature cache instead of fitting it again; other
+    inputs (here: another step count) fit anew."""
+    import dataclasses
+
+    from evalsuite.train.recipes import common
+
+    train(dataclasses.replace(request(setup, "dlite", tmp_path / "unused"), prepare_only=True))
+    target, cache, _, train_seqs = _recipe(setup, "dlite")
+    last = cache.layers[-1]
+    A0, B0 = common.lm_head_factors(target, 8)
+    A1, B1 = A0.clone(), B0.clone()
+    first = common.fit_low_rank_head(cache, train_seqs, last, A1, B1, steps=23, batch=32, seed=5)
+    assert not torch.equal(A1, A0)
+
+    def refit(*args, **kwargs):
+        raise AssertionError("fitted again although the same inputs were fitted before")
+
+    monkeypatch.setattr(common, "_fit_low_rank_head", refit)
+    A2, B2 = A0.clone(), B0.clone()
+    again = common.fit_low_rank_head(cache, train_seqs, last, A2, B2, steps=23, batch=32, seed=5)
+    assert again == first
+    assert torch.equal(A2, A1) and torch.equal(B2, B1)
+    with pytest.raises(AssertionError, match="fitted again"):
+        common.fit_low_rank_head(cache, train_seqs, last, A0.clone(), B0.clone(), steps=24, batch=32, seed=5)
+
+
 @pytest.mark.parametrize("method", ["dlite", "eagle3", "dflash", "dspark"])
 def test_init_warm_starts_from_a_released_checkpoint(setup, tmp_path, method):
     """`--init DIR` copies a released checkpoint of the same method into the trained module before step 1: the
