@@ -178,7 +178,7 @@ def run(
                                                "nebius-swe-agent, swe-gym-openhands, swe-rebench-openhands, "
                                                "swebench-instances, swebench-prompts (docs/swebench.md)."),
     warmup: bool = typer.Option(True, help="Untimed warm-up decode before recording."),
-    repeats: int = typer.Option(1, help="Decode each turn N times from the same seed and keep the median time."),
+    repeats: int = typer.Option(1, help="Decode each turn N times from the same seed; the record keeps the repeat of median time (of an even count the lower middle, i.e. faster, one) and every repeat's time, from which the report measures timing noise (use 3 or more)."),
     method_option: list[str] = typer.Option([], "--method-option", help="METHOD.KEY=VALUE, repeatable: a method "
                                             "setting, e.g. suffix.max_spec_factor=2 (recorded in run.json)."),
     workers: int = typer.Option(1, help="Ray worker actors, one trajectory (all methods) at a time each; 1 = "

@@ -245,13 +245,20 @@ def test_a_report_writes_the_new_sections_and_refuses_a_bad_hardware_dir(tmp_pat
     from tests.helpers import ALPHA_GSM8K, write_run
 
     run = write_run(tmp_path / "gsm8k", "gsm8k", {"alpha": ALPHA_GSM8K})
-    report = write_report([run], tmp_path / "report", n_resamples=100, argv=["evalsuite", "report", "x"])
+    report = write_report([run], tmp_path / "report", n_resamples=100,
+                          argv=["evalsuite", "report", str(run), "--out", str(tmp_path / "report"),
+                                "--resamples", "100"])
     names = {p.name for p in report.files}
     for name in ("end_to_end.md", "policy.md", "other_hardware.md", "tau_identity.md", "accepted_length.md",
                  "acceptance_matrix.md", "context_design.md", "timing_noise.md", "command.txt"):
         assert name in names, name
     command = (tmp_path / "report" / "command.txt").read_text()
-    assert "evalsuite report x" in command and "## run gsm8k" in command
+    assert f"evalsuite report {run} --out {tmp_path / 'report'} --resamples 100" in command
+    assert "## run gsm8k" in command
+    # the rebuild line reads the runs where the report shows them, from the report's own directory
+    rebuild = command.split("## rebuild it from the records shipped beside it")[1].strip().splitlines()[-1]
+    assert str(tmp_path) not in rebuild
+    assert rebuild.startswith("evalsuite report ") and rebuild.endswith("--out . --resamples 100")
     assert "ANALYTIC MODEL, not a measurement" in (tmp_path / "report" / "tables" / "other_hardware.md").read_text()
     with pytest.raises(UserError, match="not a profile directory"):
         write_report([run], tmp_path / "again", n_resamples=100, hardware_dirs=[tmp_path])
@@ -279,3 +286,19 @@ def test_policy_by_previous_span_kind_beats_fixed_when_the_kind_decides():
     assert table.loc["context"].gain == pytest.approx(1.0, abs=1e-9)  # one bin: nothing to switch on
     span = table.loc[policy.SPAN_SWITCH]
     assert span.gain > 1.5 and span.gain_lo > 1.0
+
+
+def test_a_projection_outside_the_profiled_contexts_says_it_is_extrapolated():
+    from evalsuite.report import hardware
+    from evalsuite.report.formatting import to_markdown
+    from evalsuite.report.tables import hardware_table
+
+    assert hardware.outside_share([500, 1500, 2500, 1800], (1000.0, 2000.0)) == 0.5
+    assert hardware.outside_share([500, 90000], None) == 0.0  # a model covers every context
+    row = dict.fromkeys(hardware.HARDWARE_COLUMNS, 1.0)
+    row.update(task="gsm8k", method="ngram", surface="profile: cpu", kind="measured profile", validation_error=0.04,
+               validated_cells=3, same_machine=True, speedup_projected=1.234)
+    inside = hardware_table(pd.DataFrame([{**row, "outside_share": 0.0}]), [])
+    outside = hardware_table(pd.DataFrame([{**row, "outside_share": 0.75}]), [])
+    assert "extrapolated" not in to_markdown(inside)
+    assert "1.23 (extrapolated: 75% of steps outside the profiled contexts)" in to_markdown(outside)

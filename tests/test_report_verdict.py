@@ -107,3 +107,22 @@ def test_replay_source_falls_back_to_the_mode_and_the_task_source():
         "logged replies from the task data (gemini logs)"
     assert verdict.replay_source({"replay": "free"}) == "each method's own earlier replies"
     assert verdict.replay_source({"replay": "logged", "replay_source": "logged replies of X"}) == "logged replies of X"
+
+
+def test_a_speedup_within_the_measured_timing_noise_is_a_tie_with_ar():
+    """suffix's 1.96× is 96 % from 1, dflash's 0.76× 24 %: with a measured noise of 30 % per method
+    (√2·30 % ≈ 42 % combined with `ar`'s), dflash ties with `ar` and suffix still pays off; unmeasured noise
+    changes nothing."""
+    speed, overall, effect = frames_for()
+    noise = pd.DataFrame([{"task": "swebench", "method": m, "median_cv": 0.30}
+                          for m in ("ar", "suffix", "dlite", "dflash")])
+    label, sentence = verdict.verdict("swebench", speed, overall, effect, noise=noise)
+    assert label.startswith("pays off")
+    assert "dflash" in sentence.split("within the timing noise of `ar`")[0].rsplit(";", 1)[-1]
+    assert "a tie" in sentence and "does not with" not in sentence
+    unmeasured = noise.assign(median_cv=NAN)
+    assert verdict.verdict("swebench", speed, overall, effect, noise=unmeasured) == \
+        verdict.verdict("swebench", speed, overall, effect)
+    only_slow = speed[speed.method == "dflash"]
+    label, _ = verdict.verdict("swebench", only_slow, overall, effect, noise=noise)
+    assert label.startswith("ties with ar")

@@ -109,7 +109,7 @@ def write_report(paths: list[Path], out: Path, formats: set[str] = frozenset(FOR
     projected = hardware.projections(steps, turns, surfaces, limits)
     histogram = checks.accepted_length_histogram(steps)
     verdict_lines = verdict.verdicts(speed, overall, effect, results.tasks, set(cards), degenerate_table, design,
-                                     differences, e2e)
+                                     differences, e2e, noise_cells)
     headline = [Box("verdict", "Verdict", [f"**{r.task}: {r.label}.** {r.sentence}"
                                            for r in verdict_lines.itertuples()]),
                 *headline_paragraphs(results, summary, speed, ranks, overall, noise_cells),

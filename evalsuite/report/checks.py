@@ -174,4 +174,28 @@ def command_text(runs, report_argv: list[str] | None, out: Path, display) -> str
               "# versions: " + ", ".join(f"{n} {_version(n)}" for n in ("evalsuite", "numpy", "pandas", "pyarrow",
                                                                          "matplotlib")),
               shlex.join(argv), ""]
+    lines += ["## rebuild it from the records shipped beside it",
+              "# run from this report's directory: the runs' own --out paths above are where they were written,",
+              "# not where they are kept now",
+              shlex.join(_rebuild_argv(argv, runs, display)), ""]
     return "\n".join(lines)
+
+
+def _rebuild_argv(argv: list[str], runs, display) -> list[str]:
+    """The report's command line over the runs where the report shows them (`display`, relative to the report's
+    directory) and `--out .`: its run paths and --out dropped, every other option kept as given."""
+    run_paths = {Path(run.path).resolve() for run in runs}
+    kept, skip = [], False
+    for token in argv[2:]:
+        if skip:
+            skip = False
+            continue
+        if token == "--out":
+            skip = True
+            continue
+        if token.startswith("--out="):
+            continue
+        if not token.startswith("-") and Path(token).resolve() in run_paths:
+            continue
+        kept.append(token)
+    return ["evalsuite", "report", *[display(run.path) for run in runs], "--out", ".", *kept]

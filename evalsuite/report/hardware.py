@@ -38,7 +38,7 @@ from evalsuite.report import regime
 
 HARDWARE_COLUMNS = ["task", "method", "surface", "kind", "k", "context_median", "decode_ms", "verify_ms", "draft_ms",
                     "verify_ratio", "draft_ratio", "tau_break_even", "tau", "speedup_projected", "speedup_measured",
-                    "validation_error", "validated_cells", "same_machine"]
+                    "validation_error", "validated_cells", "same_machine", "outside_share"]
 HARDWARE_CONVENTION = (
     "τ* = verify/decode + draft/decode on each surface at batch 1, at the method's block of k+1 and the task's median "
     "step context (verify ratio: the target's; draft ratio: the drafter's own cost); projected speedup = "
@@ -90,6 +90,7 @@ class Surface:
     draft: Callable
     validation: pd.DataFrame | None = None  # regime.validate rows, where the profile is of the runs' machine
     notes: list[str] = field(default_factory=list)
+    contexts: tuple[float, float] | None = None  # the measured contexts' range; None: a model of any context
 
 
 def from_profile(cost: regime.CostSurface, runs: regime.RunSteps | None = None, same_machine: bool = False,
@@ -110,7 +111,7 @@ def from_profile(cost: regime.CostSurface, runs: regime.RunSteps | None = None, 
         return regime.interp_context(xs, ys, context) if len(xs) else np.full(np.shape(context), np.nan)
 
     return Surface(name or f"profile: {cost.label}", "measured profile", lambda c: regime.interp_context(xd, yd, c),
-                   verify, draft, validation)
+                   verify, draft, validation, contexts=(float(min(cost.contexts)), float(max(cost.contexts))))
 
 
 def analytic_h100_8b(host_draft_ms: dict[str, float] | None = None) -> Surface:
@@ -156,6 +157,16 @@ def host_draft_ms(steps: pd.DataFrame) -> dict[str, float]:
     return out
 
 
+def outside_share(contexts, measured: tuple[float, float] | None) -> float:
+    """The share of steps whose context lies outside a profile's measured range (there its costs are extended
+    linearly from the nearest two measured contexts, `regime.interp_context`: an extrapolation); 0 for a model,
+    which covers every context."""
+    if measured is None:
+        return 0.0
+    values = np.asarray(contexts, float)
+    return float(((values < measured[0]) | (values > measured[1])).mean()) if len(values) else 0.0
+
+
 def projections(steps: pd.DataFrame, turns: pd.DataFrame, surfaces: list[Surface],
                 limits: dict | None = None) -> pd.DataFrame:
     """Per task × drafting method × surface: τ* split into its two ratios, the measured τ, the projected speedup
@@ -188,5 +199,6 @@ def projections(steps: pd.DataFrame, turns: pd.DataFrame, surfaces: list[Surface
                          "validation_error": float(mine.abs_error.median()) if mine is not None and len(mine)
                          else np.nan,
                          "validated_cells": int(len(mine)) if mine is not None else 0,
-                         "same_machine": surface.validation is not None})
+                         "same_machine": surface.validation is not None,
+                         "outside_share": outside_share(counted.context_len, surface.contexts)})
     return pd.DataFrame(rows, columns=HARDWARE_COLUMNS)

@@ -35,7 +35,8 @@ from evalsuite.report import breakeven, stats
 NO_DRAFTING = BASELINE
 POLICY_CONVENTION = (
     "speculation policy: candidates = each drafting method and no drafting (`ar`); per context bin of the task "
-    "(the τ/speedup table's bins) the candidate with the highest pooled decode speedup on the choosing half; the "
+    "(quantile bins as in the τ/speedup table, their edges from the choosing half's contexts) the candidate with "
+    "the highest pooled decode speedup on the choosing half; the "
     "fixed choice = the candidate with the highest pooled speedup on the choosing half over all bins; held out by "
     "two-fold cross-fitting: trajectories ordered by sha256(seed, 'policy', task, trajectory) and halved, each "
     "half's choices scored on the other half, the two scores pooled; gain = policy speedup / fixed-choice speedup "
@@ -61,7 +62,7 @@ def complete_cases(turns: pd.DataFrame, max_bins: int = 6) -> tuple[pd.DataFrame
         ar = rows.drop_duplicates(keys).assign(method=BASELINE)
         ar["decode_s"], ar["new_tokens"] = ar.ar_decode_s, ar.ar_new_tokens
         rows = pd.concat([rows, ar], ignore_index=True)
-    rows = rows.merge(bins[keys + ["bin", "context_lo", "context_hi"]], on=keys, how="inner")
+    rows = rows.merge(bins[keys + ["turn_context", "bin", "context_lo", "context_hi"]], on=keys, how="inner")
     dropped = 0
     kept = []
     for _, task_rows in rows.groupby("task", sort=False):
@@ -126,6 +127,14 @@ def halves(trajectories, seed: int, task: str) -> tuple[list[str], list[str]]:
     return ordered[:cut], ordered[cut:]
 
 
+def _rebinned(rows: pd.DataFrame, edges: np.ndarray) -> pd.DataFrame:
+    """`rows` with each turn's bin (and the (bin, previous kind) cell) under `edges`."""
+    rows = rows.assign(bin=stats.context_bin(rows.turn_context, edges))
+    if "kind" in rows.columns:
+        rows["cell"] = list(zip(rows.bin, rows.kind))
+    return rows
+
+
 def _chosen(rows: pd.DataFrame, fixed: str, per_bin: dict, per_cell: dict | None = None
             ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(the policy's rows, the fixed choice's rows) of a scoring set: one row per turn. `per_cell`: choices per
@@ -171,12 +180,16 @@ def evaluate_policy(turns: pd.DataFrame, seed: int = 0, n_resamples: int = stats
             for choose_on, score_on in ((first, second), (second, first)):
                 if not choose_on or not score_on:
                     continue
-                train = task_rows[task_rows.trajectory.isin(choose_on)]
+                # bin edges from the choosing half's contexts only: nothing of the scoring half shapes the choice
+                chooser = task_rows[task_rows.trajectory.isin(choose_on)].drop_duplicates(["trajectory", "turn"])
+                edges = stats.task_context_edges(chooser.turn_context, max_bins)
+                binned = _rebinned(task_rows, edges)
+                train = binned[binned.trajectory.isin(choose_on)]
                 fixed, per_bin = choose(train)
                 per_cell = choose(train, "cell")[1] if variant == SPAN_SWITCH else None
                 fixed_names.append(fixed)
                 switches += sum(1 for choice in (per_cell or per_bin).values() if choice != fixed)
-                test = task_rows[task_rows.trajectory.isin(score_on)]
+                test = binned[binned.trajectory.isin(score_on)]
                 scored.append(_chosen(test, fixed, per_bin, per_cell))
             if not scored:
                 continue

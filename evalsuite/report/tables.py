@@ -648,7 +648,10 @@ def hardware_table(table: pd.DataFrame, notes: list[str]) -> Table | None:
     for r in table.itertuples(index=False):
         rows.append([Cell(r.task), Cell(r.method), Cell(r.surface), Cell(r.tau, digits=2),
                      Cell(r.tau_break_even, digits=2), Cell(r.verify_ratio, digits=2), Cell(r.draft_ratio, digits=2),
-                     Cell(r.speedup_projected, digits=2), Cell(r.speedup_measured, digits=2),
+                     Cell(r.speedup_projected, digits=2) if not r.outside_share else
+                     Cell(f"{r.speedup_projected:.2f} (extrapolated: {r.outside_share:.0%} of steps outside the "
+                          "profiled contexts)"),
+                     Cell(r.speedup_measured, digits=2),
                      Cell(f"{100 * r.validation_error:.1f} % ({int(r.validated_cells)} bins)"
                           if math.isfinite(r.validation_error) else
                           ("none: a model" if r.kind == "analytic model" else

@@ -22,11 +22,13 @@ import numpy as np
 import pandas as pd
 
 from evalsuite.conventions import BASELINE
+from evalsuite.report import noise as timing_noise
 from evalsuite.report.decisions import format_interval
 from evalsuite.report.load import REPO_ROOT, task_label
 from evalsuite.report.effects import change_over
 
 VERDICT_COLUMNS = ["task", "label", "sentence"]
+TIE_WITH_AR = "within timing noise of ar"  # a speedup whose distance from 1 is below the measured timing noise
 MIN_SPAN_FOR_CONTEXT = 1.25  # as stats.task_context_edges: below this growth there is no context axis to speak of
 
 
@@ -159,13 +161,22 @@ def end_to_end_clause(e2e: pd.DataFrame | None, task: str) -> str:
 
 def verdict(task: str, speed: pd.DataFrame, overall: pd.DataFrame, effect: pd.DataFrame,
             learned: set[str] | None = None, design: pd.DataFrame | None = None,
-            differences: pd.DataFrame | None = None, e2e: pd.DataFrame | None = None) -> tuple[str, str]:
+            differences: pd.DataFrame | None = None, e2e: pd.DataFrame | None = None,
+            noise: pd.DataFrame | None = None) -> tuple[str, str]:
     """(label, sentence) for one task. `learned`: the methods with a trained checkpoint, so the sentence can say
     whether any of them pays off (model-free methods often do where learned drafters do not); `design`,
-    `differences`: see `context_clause`; `e2e`: `telemetry.end_to_end` (the end-to-end sentence)."""
-    cells = speed[speed.task == task].sort_values("speedup", ascending=False)
+    `differences`: see `context_clause`; `e2e`: `telemetry.end_to_end` (the end-to-end sentence); `noise`:
+    `noise.noise_table`, where measured a speedup within the timing noise of 1 is a tie with `ar`, whatever its
+    interval."""
+    cells = speed[speed.task == task].sort_values("speedup", ascending=False).copy()
     if cells.empty:
         return "no data", f"{task}: no drafting method has paired turns."
+    if noise is not None and not noise.empty:
+        for index, row in cells.iterrows():
+            level = timing_noise.combined_noise(noise, task, row.method, BASELINE)
+            if row.verdict in ("faster than ar", "slower than ar") and np.isfinite(level) and \
+                    abs(float(row.speedup) - 1.0) < level:
+                cells.loc[index, "verdict"] = TIE_WITH_AR
     by_method = {row.method: row for row in overall[overall.task == task].itertuples()}
     groups = {}
     for row in cells.itertuples():
@@ -184,6 +195,9 @@ def verdict(task: str, speed: pd.DataFrame, overall: pd.DataFrame, effect: pd.Da
     if "not separable from ar" in groups:
         pieces.append(_join(groups["not separable from ar"]) + " cannot be told apart from `ar` "
                       "(interval across 1)")
+    if TIE_WITH_AR in groups:
+        pieces.append(_join(groups[TIE_WITH_AR]) + " within the timing noise of `ar` (|speedup − 1| below "
+                      "√(CV² + CV²) of the two, measured over the repeats): a tie")
     undecided = [k for k in groups if k.startswith("no interval")]
     for key in undecided:
         pieces.append(_join(groups[key]) + ": too few trajectories for an interval")
@@ -199,6 +213,8 @@ def verdict(task: str, speed: pd.DataFrame, overall: pd.DataFrame, effect: pd.Da
         label = "does not pay off"
     elif undecided and len(undecided) == len(groups):
         label = "undecided"
+    elif set(groups) <= {TIE_WITH_AR, "slower than ar"} and TIE_WITH_AR in groups:
+        label = "ties with ar (within timing noise)"
     else:
         label = "not separable from ar" if "not separable from ar" in groups else "does not pay off"
     if moves:
@@ -214,13 +230,14 @@ def verdict(task: str, speed: pd.DataFrame, overall: pd.DataFrame, effect: pd.Da
 def verdicts(speed: pd.DataFrame, overall: pd.DataFrame, effect: pd.DataFrame,
              tasks: list[str] | None = None, learned: set[str] | None = None,
              degenerate: pd.DataFrame | None = None, design: pd.DataFrame | None = None,
-             differences: pd.DataFrame | None = None, e2e: pd.DataFrame | None = None) -> pd.DataFrame:
+             differences: pd.DataFrame | None = None, e2e: pd.DataFrame | None = None,
+             noise: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per task: label and sentence (VERDICT_COLUMNS); with `degenerate`
     (`decisions.degenerate_comparison`) the sentence ends with what its flagged turns change."""
     tasks = tasks or list(dict.fromkeys(speed.task))
     rows = []
     for task in tasks:
-        label, sentence = verdict(task, speed, overall, effect, learned, design, differences, e2e)
+        label, sentence = verdict(task, speed, overall, effect, learned, design, differences, e2e, noise)
         if degenerate is not None:
             sentence = " ".join(p for p in (sentence, degenerate_clause(degenerate, task)) if p)
         rows.append(dict(zip(VERDICT_COLUMNS, (task, label, sentence))))
