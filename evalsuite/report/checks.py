@@ -19,6 +19,7 @@ Pure functions (no model, no torch).
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -177,8 +178,17 @@ def command_text(runs, report_argv: list[str] | None, out: Path, display) -> str
     lines += ["## rebuild it from the records shipped beside it",
               "# run from this report's directory: the runs' own --out paths above are where they were written,",
               "# not where they are kept now",
-              shlex.join(_rebuild_argv(argv, runs, display)), ""]
+              shlex.join(_rebuild_argv(argv, runs, lambda path: _relative(path, out, display))), ""]
     return "\n".join(lines)
+
+
+def _relative(path, out: Path, display) -> str:
+    """`path` relative to the report's directory (`../run`, `./runs/x`); `display` where no relative path exists."""
+    try:
+        relative = os.path.relpath(Path(path).resolve(), Path(out).resolve())
+    except ValueError:  # another drive
+        return display(path)
+    return relative if relative.startswith("..") else f"./{relative}"
 
 
 def _rebuild_argv(argv: list[str], runs, display) -> list[str]:
