@@ -18,7 +18,7 @@ from evalsuite import conventions, metrics
 from evalsuite.report import effects, positions, stats
 from evalsuite.report.load import Results
 from evalsuite.report.formatting import human_bytes
-from evalsuite.report.style import DPI, FIG_WIDTH, STYLE, FigureFile, Palette, grid, legend
+from evalsuite.report.style import DPI, FIG_WIDTH, STYLE, FigureFile, Palette, count, grid, legend
 from evalsuite.conventions import BASELINE
 
 
@@ -61,7 +61,8 @@ def write_figures(results: Results, summary: pd.DataFrame, curves: pd.DataFrame,
          "context, with its 95 % trajectory-bootstrap band; faded lines behind it: each trajectory's per-turn "
          f"speedup; n under each bin = trajectories in it; a band (and a filled marker) only where the bin holds ≥ "
          f"{stats.MIN_INTERVAL_TRAJECTORIES} trajectories and ≥ {stats.MIN_INTERVAL_TURNS} turns, a hollow marker "
-         f"otherwise (the point alone); † = fewer than {stats.MIN_TRAJECTORIES} trajectories; dashed line: AR; "
+         f"otherwise (the point alone; {stats.NO_INTERVAL_NOTE}); a task with one context bin shows its interval as "
+         f"an error bar; † = fewer than {stats.MIN_TRAJECTORIES} trajectories; dashed line: AR; "
          "nothing is clipped (a panel whose values span more than 3× has a log scale). Bins mix trajectories and turn positions: the within-trajectory effect "
          "is the next figure.",
          lambda: _context_figure(curves, turns, groups, tasks, palette, "speedup", "speedup over AR (×)")),
@@ -78,8 +79,9 @@ def write_figures(results: Results, summary: pd.DataFrame, curves: pd.DataFrame,
          lambda: context_effect_figure(results.steps, results.turns, effect, methods, tasks, palette)
          if effect is not None else None),
         ("tau_vs_context", "τ against context, within each task, with break-even τ*",
-         "As the speedup figure: bold = pooled τ per context bin of the task with its 95 % band (hollow marker: "
-         "too few trajectories or turns for one), faded = each trajectory's per-turn τ; τ counts the bonus token. Horizontal dashes, in the method's colour: its break-even τ* in the same "
+         "As the speedup figure: bold = pooled τ per context bin of the task with its 95 % band (or error bar, "
+         f"for a single bin; {stats.NO_INTERVAL_NOTE}), faded = each trajectory's per-turn τ; τ counts the "
+         "bonus token. Horizontal dashes, in the method's colour: its break-even τ* in the same "
          "bin (draft + verify ms per step / the target's one-token decode ms): a method whose τ lies above its "
          "dash is faster than `ar` there.",
          lambda: _context_figure(curves, turns, groups, tasks, palette, "tau", "τ")),
@@ -91,8 +93,10 @@ def write_figures(results: Results, summary: pd.DataFrame, curves: pd.DataFrame,
          "follows from verify + draft against decode.", lambda: _cost_figure(costs, methods, tasks, palette)),
         ("tau_vs_turn", "τ against turn index",
          "Token-weighted τ of all steps in the n-th turn of each trajectory, per task (learned and model-free "
-         f"drafters in separate rows); error bars: 95 % trajectory bootstrap CI (none below "
-         f"{stats.MIN_INTERVAL_TRAJECTORIES} trajectories); "
+         "drafters in separate rows); error bars: 95 % trajectory bootstrap CI, only where the turn index holds ≥ "
+         f"{stats.MIN_INTERVAL_TURNS} turns and ≥ {stats.MIN_INTERVAL_TRAJECTORIES} trajectories, a filled marker "
+         f"there ({stats.NO_INTERVAL_NOTE}); n under each turn = the turns behind its points (a range where the "
+         "panel's methods differ; beyond 12 turns, under the ticked ones); "
          "skipped turns (context limit) have no steps and are counted in the panel title.",
          lambda: _tau_vs_turn(drafting, results.turns, groups, tasks, palette, seed, n_resamples)),
         ("per_position", "Per-position acceptance per task (marginal and conditional)",
@@ -103,7 +107,8 @@ def write_figures(results: Results, summary: pd.DataFrame, curves: pd.DataFrame,
          lambda: _per_position(drafting, results.turns, methods, tasks, palette, limits)),
         ("speedup_per_task", "Speedup per task",
          "Paired AR decode time per token / method decode time per token, pooled over turns; error bars: 95 % "
-         f"trajectory bootstrap CI (none below {stats.MIN_INTERVAL_TRAJECTORIES} trajectories); dashed line: AR.",
+         f"trajectory bootstrap CI (none below {stats.MIN_INTERVAL_TRAJECTORIES} trajectories); n on each bar = the "
+         "paired turns behind it, under each task its trajectories; dashed line: AR.",
          lambda: _speedup_per_task(summary, methods, tasks, palette)),
     ]
     written, skipped = [], []
@@ -146,6 +151,25 @@ def _limits(values: list[np.ndarray]) -> tuple[float, float] | None:
     return low - pad, high + pad
 
 
+def _pooled(ax, x, y, with_interval, method: str, style: dict, linewidth: float, markersize: float) -> bool:
+    """A method's pooled line: a filled marker where its point has an interval, a hollow one where it has none
+    (`stats.interval_allowed`), and an empty line in the full style as the legend's handle for the method.
+    Returns whether any point is hollow (the figure's legend then says what that means: `_hollow_key`)."""
+    ax.plot([], [], linewidth=linewidth, markersize=markersize, label=method, **style)
+    ax.plot(x, y, linewidth=linewidth, zorder=3, label="_pooled", **{**style, "marker": "none"})
+    ax.plot(x[with_interval], y[with_interval], linestyle="none", marker=style["marker"], markersize=markersize,
+            color=style["color"], zorder=4, label="_with_interval")
+    ax.plot(x[~with_interval], y[~with_interval], linestyle="none", marker=style["marker"], markersize=markersize,
+            markerfacecolor="white", color=style["color"], zorder=4, label="_no_interval")
+    return not with_interval.all()
+
+
+def _hollow_key(axes, markersize: float) -> None:
+    """The legend's last entry: what a hollow marker means (an empty line on the last panel, so it comes last)."""
+    axes[-1, -1].plot([], [], linestyle="none", marker="o", markersize=markersize, markerfacecolor="white",
+                      color="#555555", label=stats.NO_INTERVAL_NOTE)
+
+
 # ---- context figures ---------------------------------------------------------------------------------------------
 def _context_figure(curves, turns, groups, tasks, palette, measure: str, ylabel: str) -> Figure | None:
     tasks = [t for t in tasks if t in set(curves.task)]
@@ -154,6 +178,7 @@ def _context_figure(curves, turns, groups, tasks, palette, measure: str, ylabel:
     figure, axes = grid(len(groups), len(tasks))
     per_turn_column = "speedup_turn" if measure == "speedup" else "tau"
     low_col, high_col = f"{measure}_lo", f"{measure}_hi"
+    hollow = False
     for r, (label, methods) in enumerate(groups):
         for c, task in enumerate(tasks):
             ax = axes[r, c]
@@ -172,16 +197,15 @@ def _context_figure(curves, turns, groups, tasks, palette, measure: str, ylabel:
                     continue
                 x, y = cell.context_median.to_numpy(float), cell[measure].to_numpy(float)
                 low, high = cell[low_col].to_numpy(float), cell[high_col].to_numpy(float)
-                banded = np.isfinite(low) & np.isfinite(high)
-                if banded.any():  # the 95 % band where the bin has enough trajectories and turns for one
+                banded = (np.isfinite(low) & np.isfinite(high)
+                          & stats.interval_allowed(cell.n_turns, cell.n_trajectories))
+                if len(x) == 1 and banded[0]:  # one bin: a band has no width to show, an error bar does
+                    ax.errorbar(x, y, yerr=np.clip([y - low, high - y], 0, None), fmt="none", ecolor=style["color"],
+                                capsize=3, elinewidth=1.2, zorder=2)
+                elif banded.any():  # the 95 % band where the bin has enough trajectories and turns for one
                     ax.fill_between(x, np.where(banded, low, y), np.where(banded, high, y), color=style["color"],
                                     alpha=0.18, linewidth=0, zorder=2)
-                ax.plot(x, y, linewidth=2.0, markersize=5, label=method, zorder=3,
-                        **{**style, "marker": "none"})
-                ax.plot(x[banded], y[banded], linestyle="none", marker=style["marker"], markersize=5,
-                        color=style["color"], zorder=4, label="_with_interval")
-                ax.plot(x[~banded], y[~banded], linestyle="none", marker=style["marker"], markersize=5,
-                        markerfacecolor="white", color=style["color"], zorder=4, label="_no_interval")
+                hollow |= _pooled(ax, x, y, banded, method, style, linewidth=2.0, markersize=5)
                 if measure == "tau" and "tau_break_even" in cell.columns and cell.tau_break_even.notna().any():
                     ax.plot(cell.context_median, cell.tau_break_even, color=style["color"], linestyle="none",
                             marker="_", markersize=16, markeredgewidth=2.4, alpha=0.85, label="_break_even")
@@ -214,6 +238,8 @@ def _context_figure(curves, turns, groups, tasks, palette, measure: str, ylabel:
                 ax.set_ylabel(f"{label}\n{ylabel}" if label else ylabel)
             if r == len(groups) - 1:
                 ax.set_xlabel("context (tokens)")
+    if hollow:
+        _hollow_key(axes, markersize=5)
     legend(figure, axes)
     return figure
 
@@ -269,36 +295,53 @@ def _tau_vs_turn(steps, turns, groups, tasks, palette, seed, n_resamples) -> Fig
     if not tasks:
         return None
     figure, axes = grid(len(groups), len(tasks))
+    hollow = False
     for r, (label, methods) in enumerate(groups):
         for c, task in enumerate(tasks):
             ax = axes[r, c]
+            behind: dict[int, list[int]] = {}  # turn → the turns behind each method's point there
             for method in methods:
                 cell = steps[(steps.method == method) & (steps.task == task)]
                 if cell.empty:
                     continue
                 curve = stats.tau_curve(cell, cell.turn, stats.cell_seed(seed, "turn", method, task), n_resamples)
-                x = curve.key.to_numpy() + 1
+                x, y = curve.key.to_numpy(int) + 1, curve.tau.to_numpy(float)
                 style = palette.line(method)
-                ax.plot(x, curve.tau, linewidth=1.4, markersize=4, label=method, **style)
-                error = np.clip(np.vstack([curve.tau - curve.low, curve.high - curve.tau]), 0, None)
-                shown = np.isfinite(error).all(axis=0) & \
-                    (curve.trajectories.to_numpy() >= stats.MIN_INTERVAL_TRAJECTORIES)
+                error = np.clip(np.vstack([y - curve.low.to_numpy(float), curve.high.to_numpy(float) - y]), 0, None)
+                shown = np.isfinite(error).all(axis=0) & stats.interval_allowed(curve.turns, curve.trajectories)
                 if shown.any():
-                    ax.errorbar(x[shown], curve.tau.to_numpy()[shown], yerr=error[:, shown], fmt="none",
-                                ecolor=style["color"], capsize=2.5, elinewidth=1.0)
+                    ax.errorbar(x[shown], y[shown], yerr=error[:, shown], fmt="none", ecolor=style["color"],
+                                capsize=2.5, elinewidth=1.0)
+                hollow |= _pooled(ax, x, y, shown, method, style, linewidth=1.4, markersize=4)
+                for t, n in zip(x, curve.turns.to_numpy(int)):
+                    behind.setdefault(int(t), []).append(int(n))
             if r == 0:
                 in_task = (turns.task == task) & turns.method.isin([m for _, ms in groups for m in ms])
                 skipped = int((in_task & (turns.stop_reason == conventions.SKIPPED)).sum())
                 ax.set_title(task + (f"  ({skipped} turns skipped: context limit)" if skipped else ""))
             turns_here = sorted(steps[steps.task == task].turn.unique() + 1)
-            ax.set_xticks(turns_here if len(turns_here) <= 12 else turns_here[:: -(-len(turns_here) // 12)])
+            ticks = turns_here if len(turns_here) <= 12 else turns_here[:: -(-len(turns_here) // 12)]
+            stagger = len(ticks) > 4  # alternate n one line lower, so neighbouring counts do not run together
+            ax.set_xticks(ticks, [f"{t}\n" + ("\n" if stagger and i % 2 else "") + _n_range(behind.get(t, []))
+                                  for i, t in enumerate(ticks)])
+            ax.tick_params(axis="x", labelsize=7)
             ax.set_xlim(min(turns_here) - 0.5, max(turns_here) + 0.5)
             if c == 0:
                 ax.set_ylabel(f"{label}\nτ" if label else "τ")
             if r == len(groups) - 1:
                 ax.set_xlabel("turn")
+    if hollow:
+        _hollow_key(axes, markersize=4)
     legend(figure, axes)
     return figure
+
+
+def _n_range(counts: list[int]) -> str:
+    """The n under a turn: one number when the panel's methods agree, else their range; empty when none."""
+    if not counts:
+        return ""
+    low, high = min(counts), max(counts)
+    return f"n={count(low)}" if low == high else f"n={count(low)}–{count(high)}"
 
 
 def _per_position(steps, turns, methods, tasks, palette, limits) -> Figure | None:
@@ -318,11 +361,11 @@ def _per_position(steps, turns, methods, tasks, palette, limits) -> Figure | Non
             if rates.empty:
                 continue
             x = rates.position.to_numpy() + (i - (len(methods) - 1) / 2) * width
-            for c, (column, count) in enumerate((("marginal", "room"), ("conditional", "reached"))):
-                shown = rates[count].to_numpy() > 0  # a position never reached has no bar (not a bar at 0)
+            for c, (column, column_n) in enumerate((("marginal", "room"), ("conditional", "reached"))):
+                shown = rates[column_n].to_numpy() > 0  # a position never reached has no bar (not a bar at 0)
                 bars = axes[r, c].bar(x[shown], rates[column].to_numpy()[shown], width=width,
                                       color=palette(method), label=method)
-                axes[r, c].bar_label(bars, labels=[_count(n) for n in rates[count].to_numpy()[shown]],
+                axes[r, c].bar_label(bars, labels=[count(n) for n in rates[column_n].to_numpy()[shown]],
                                      fontsize=4.6, rotation=90, padding=1.0, color="#3b4550")
         for c, title in enumerate(("marginal: P(1..j all accepted)", "conditional: P(j | 1..j-1)")):
             ax = axes[r, c]
@@ -335,11 +378,6 @@ def _per_position(steps, turns, methods, tasks, palette, limits) -> Figure | Non
         axes[r, 0].set_ylabel("rate")
     legend(figure, axes)
     return figure
-
-
-def _count(n: int) -> str:
-    """A bar's step count, short: 3, 412, 3.1k."""
-    return f"{n / 1000:.1f}k" if n >= 10_000 else f"{n:,}" if n < 1000 else f"{n / 1000:.1f}k"
 
 
 # ---- the within-trajectory context effect --------------------------------------------------------------------------
@@ -445,19 +483,27 @@ def _speedup_per_task(summary, methods, tasks, palette) -> Figure | None:
     figure, axes = grid(1, 1, height=3.0)
     ax = axes[0, 0]
     width = 0.8 / len(methods)
+    highest = 0.0
     for i, method in enumerate(methods):
         rows = cells[cells.method == method].set_index("task").reindex(tasks)
         x = np.arange(len(tasks)) + (i - (len(methods) - 1) / 2) * width
         error = np.vstack([rows.speedup - rows.speedup_ci_low, rows.speedup_ci_high - rows.speedup])
         error = np.clip(error, 0, None)
         with_interval = np.isfinite(error).all(axis=0)
-        ax.bar(x, rows.speedup, width=width, color=palette(method), label=method)
+        present = rows.speedup.notna().to_numpy()
+        ax.bar(x[present], rows.speedup.to_numpy(float)[present], width=width, color=palette(method), label=method)
         ax.errorbar(x[with_interval], rows.speedup.to_numpy()[with_interval], yerr=error[:, with_interval],
                     fmt="none", ecolor="black", capsize=3, elinewidth=1)
+        tops = np.fmax(rows.speedup.to_numpy(float), rows.speedup_ci_high.to_numpy(float))
+        for xi, top, n in zip(x[present], tops[present], rows.paired_turns.to_numpy()[present]):
+            ax.annotate(f"n={count(n)}", (xi, top), xytext=(0, 3), textcoords="offset points", ha="center",
+                        va="bottom", rotation=90, fontsize=6, color="#3b4550")  # above the bar and its error bar
+        highest = max(highest, float(np.nanmax(tops)))
     ax.axhline(1.0, color="#555555", linestyle="--", linewidth=1)
     n = cells.groupby("task").trajectories.max()
-    ax.set_xticks(range(len(tasks)), [f"{t}\n(n={int(n[t])})" for t in tasks])
+    ax.set_xticks(range(len(tasks)), [f"{t}\n({int(n[t])} {'trajectory' if n[t] == 1 else 'trajectories'})"
+                                      for t in tasks])
     ax.set_ylabel("speedup over AR (×)")
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, max(highest, 1.0) * 1.22)  # room for the n above the highest bar
     legend(figure, axes)
     return figure

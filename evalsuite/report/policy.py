@@ -228,8 +228,7 @@ def best_choices(turns: pd.DataFrame, seed: int = 0, n_resamples: int = stats.DE
         best = cell[cell.method == order[0]]
         sums = best.groupby("trajectory")[["ar_decode_s", "ar_new_tokens", "decode_s", "new_tokens"]].sum()
         low = high = np.nan
-        if len(sums) >= stats.MIN_INTERVAL_TRAJECTORIES and len(best) >= stats.MIN_INTERVAL_TURNS \
-                and order[0] != BASELINE:
+        if stats.interval_allowed(len(best), len(sums)) and order[0] != BASELINE:
             low, high = stats.bootstrap_ci(sums.to_numpy(float), stats.speedup_from_sums,
                                            stats.cell_seed(seed, "choice", task, b), n_resamples)
         out.append({"task": task, "context_lo": int(cell.context_lo.iloc[0]), "context_hi": int(cell.context_hi.iloc[0]),

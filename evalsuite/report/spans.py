@@ -368,9 +368,11 @@ def copy_table(copy: pd.DataFrame, threshold: int):
 
 
 def span_figure(acceptance: pd.DataFrame, tasks: list[str], methods: list[str]):
-    """Accepted per drafted token by span (kinds, then copied / novel), methods side by side, one panel per task.
-    Returns a matplotlib Figure (Agg, no pyplot) or None when nothing was drafted."""
-    from evalsuite.report.style import Palette, grid, legend
+    """Accepted per drafted token by span (kinds, then copied / novel), methods side by side, one full-width panel
+    per task (a row: room for six methods' bars over six spans), the drafted tokens behind each bar printed on it (a rate over 9 drafts must not look like one over 3,000); a
+    span a method drafted nothing in has no bar. Returns a matplotlib Figure (Agg, no pyplot) or None when nothing
+    was drafted."""
+    from evalsuite.report.style import Palette, count, grid, legend
 
     cells = acceptance[acceptance.drafted > 0]
     tasks = [t for t in tasks if t in set(cells.task)]
@@ -378,10 +380,10 @@ def span_figure(acceptance: pd.DataFrame, tasks: list[str], methods: list[str]):
     if not tasks or not methods:
         return None
     palette = Palette(methods)
-    figure, axes = grid(1, len(tasks), height=3.4, sharey=True)
+    figure, axes = grid(len(tasks), 1, height=2.1)
     width = 0.8 / len(methods)
-    for c, task in enumerate(tasks):
-        ax = axes[0, c]
+    for r, task in enumerate(tasks):
+        ax = axes[r, 0]
         own = acceptance[acceptance.task == task]
         present = [s for s in (*KINDS, *COPY_SPANS) if (own[own.span == s].n_tokens > 0).any()]
         # shares of the output pooled over the panel's methods: the kinds add to 100 %, copied + novel too
@@ -395,16 +397,19 @@ def span_figure(acceptance: pd.DataFrame, tasks: list[str], methods: list[str]):
             rows = own[(own.method == method) & own.span.isin(present)].set_index("span")
             x = np.array([x_of[s] for s in present]) + (i - (len(methods) - 1) / 2) * width
             values = np.array([rows.acceptance_per_drafted.get(s, np.nan) for s in present], float)
-            ax.bar(x, np.nan_to_num(values), width=width, color=palette(method), label=method)
+            drafted = np.array([rows.drafted.get(s, 0) for s in present], int)
+            bars = ax.bar(x[drafted > 0], values[drafted > 0], width=width, color=palette(method), label=method)
+            ax.bar_label(bars, labels=[f"n={count(n)}" for n in drafted[drafted > 0]], fontsize=5.5, rotation=90,
+                         padding=1.0, color="#3b4550")
         shares = {s: pooled.get(s, 0) / (total_copy if s in COPY_SPANS else total_kinds) for s in present}
-        ax.set_xticks([x_of[s] for s in present],  # slanted: six labels side by side in a narrow panel
-                      [f"{shown_kind(s, task)} {_percent(shares.get(s, 0))}" for s in present], fontsize=7.5,
-                      rotation=35, ha="right", rotation_mode="anchor")
+        ax.set_xticks([x_of[s] for s in present],
+                      [f"{shown_kind(s, task)} {_percent(shares.get(s, 0))}" for s in present], fontsize=8)
         if any(s in COPY_SPANS for s in present) and any(s in KINDS for s in present):
             ax.axvline(max(x_of[s] for s in present if s in KINDS) + 0.8, color="#999999", linewidth=0.8)
-        ax.set_ylim(0, 1.06)
-        ax.set_title(task)
-    axes[0, 0].set_ylabel("accepted per drafted token")
+        ax.set_ylim(0, 1.3)  # room for the n above a bar at 1
+        ax.set_yticks([0, 0.25, 0.5, 0.75, 1.0])
+        ax.set_title(task, fontsize=9)
+        ax.set_ylabel("accepted / drafted")
     legend(figure, axes)
     return figure
 
@@ -455,8 +460,9 @@ def span_section(results, directory, threshold: int | None = None, spans: pd.Dat
             figure.savefig(png, dpi=DPI, metadata={"Software": None})
             figure.savefig(svg, metadata={"Date": None, "Creator": None})
             caption = ("Accepted drafts per drafted token at positions of each kind (left) and at copied / novel "
-                       f"positions (right; copied: copy length ≥ {threshold} tokens), methods side by side, one panel "
-                       "per task; under each span its share of the output tokens, pooled over the panel's methods "
+                       f"positions (right; copied: copy length ≥ {threshold} tokens), methods side by side, one row "
+                       "per task; n on each bar = the drafted tokens behind it (a span a method drafted nothing in "
+                       "has no bar); under each span its share of the output tokens, pooled over the panel's methods "
                        "(the kinds add to 100 %, and copied + novel add to 100 %). A rejected draft counts at the "
                        "position it aimed at. JSON objects and call lists are \"tool call\" only on tasks with tools "
                        f"({', '.join(TASKS_WITH_TOOLS)}), \"structured\" elsewhere.")

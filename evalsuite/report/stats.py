@@ -27,9 +27,18 @@ MIN_INTERVAL_TURNS = 5  # a context bin with fewer turns shows its point only, m
 FEW_TURNS_MARK = "‡"
 FEW_TURNS_NOTE = (f"{FEW_TURNS_MARK} fewer than {MIN_INTERVAL_TURNS} turns in this context bin: the point alone, no "
                   f"interval (an interval over so few turns, e.g. a bin of 3 turns, would be far too narrow)")
+NO_INTERVAL_NOTE = (f"hollow: fewer than {MIN_INTERVAL_TURNS} turns or {MIN_INTERVAL_TRAJECTORIES} trajectories, "
+                    "no interval")  # the figures' word for a point shown without its interval
 SKIPPED_CONVENTION = "turns skipped at the context limit are excluded from τ and speedup and counted in `skipped`"
 
 DEFAULT_RESAMPLES = 2000
+
+
+def interval_allowed(n_turns, n_trajectories):
+    """The one rule for an interval on a bin (tables and figures): at least MIN_INTERVAL_TURNS turns and
+    MIN_INTERVAL_TRAJECTORIES trajectories in it; scalars give a bool, arrays an array of them."""
+    allowed = (np.asarray(n_turns) >= MIN_INTERVAL_TURNS) & (np.asarray(n_trajectories) >= MIN_INTERVAL_TRAJECTORIES)
+    return bool(allowed) if allowed.ndim == 0 else allowed
 
 
 def speedup_from_sums(sums: np.ndarray) -> np.ndarray:
@@ -184,15 +193,17 @@ def summarize(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0,
 
 # ---- curves ----------------------------------------------------------------------------------------------------
 def tau_curve(steps: pd.DataFrame, key: pd.Series, seed: int, n_resamples: int = DEFAULT_RESAMPLES) -> pd.DataFrame:
-    """τ per value of `key` (aligned with `steps`: a turn index, a context bin), with a trajectory-bootstrap CI."""
+    """τ per value of `key` (aligned with `steps`: a turn index, a context bin), with a trajectory-bootstrap CI and
+    the steps, turns and trajectories behind each value (turns and trajectories with a counted step there)."""
     mask = metrics.counted(steps).to_numpy()
     steps, key = steps[mask], pd.Series(np.asarray(key)[mask], index=steps.index[mask])
     if steps.empty:
-        return pd.DataFrame(columns=["key", "tau", "low", "high", "steps", "trajectories"])
+        return pd.DataFrame(columns=["key", "tau", "low", "high", "steps", "turns", "trajectories"])
     units = list(dict.fromkeys(trajectory_keys(steps)))
     keys = sorted(key.unique())
     frame = pd.DataFrame({"unit": trajectory_keys(steps), "key": key.to_numpy(),
                           "value": metrics.step_tokens(steps.num_accepted).to_numpy()})
+    turns = (frame.unit + "\0" + steps.turn.astype(str).to_numpy()).groupby(frame.key).nunique().reindex(keys)
     sums = frame.pivot_table(index="unit", columns="key", values="value", aggfunc="sum", fill_value=0)
     counts = frame.pivot_table(index="unit", columns="key", values="value", aggfunc="count", fill_value=0)
     sums, counts = sums.reindex(index=units, columns=keys, fill_value=0), counts.reindex(index=units, columns=keys,
@@ -201,7 +212,7 @@ def tau_curve(steps: pd.DataFrame, key: pd.Series, seed: int, n_resamples: int =
     point = _ratio(per_unit.sum(axis=0))
     low, high = bootstrap_ci(per_unit, _ratio, seed, n_resamples)
     return pd.DataFrame({"key": keys, "tau": point, "low": low, "high": high,
-                         "steps": counts.sum(axis=0).to_numpy(int),
+                         "steps": counts.sum(axis=0).to_numpy(int), "turns": turns.to_numpy(int),
                          "trajectories": (counts > 0).sum(axis=0).to_numpy(int)})
 
 
@@ -281,7 +292,7 @@ def context_curves(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0, n_re
                 if not in_bin.any():
                     continue
                 n_traj = int(unit_of[in_bin].nunique())
-                interval = n_traj >= MIN_INTERVAL_TRAJECTORIES and int(in_bin.sum()) >= MIN_INTERVAL_TURNS
+                interval = interval_allowed(int(in_bin.sum()), n_traj)
                 rows.append({
                     "task": task, "method": method, "context_lo": int(edges[b]), "context_hi": int(edges[b + 1]) - 1,
                     "n_trajectories": n_traj, "n_turns": int(in_bin.sum()), "n_steps": int(tau_units[:, b, 1].sum()),

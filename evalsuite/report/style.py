@@ -1,6 +1,7 @@
 """The report's figure style, shared by every figure builder (`figures`, `spans`): matplotlib's rc settings, the
 width, dpi and row height every figure uses, each method's colour, marker and dashes (`Palette`), the panel grid,
-the legend under a figure, and `FigureFile` (a written figure, as the page lists it).
+the legend under a figure, the short count printed on a bar or under a point (`count`), and `FigureFile` (a
+written figure, as the page lists it).
 
 Matplotlib's Agg canvas only, without pyplot's global state.
 """
@@ -76,7 +77,9 @@ def grid(rows: int, columns: int, height: float = ROW_HEIGHT, sharey: str | bool
 
 
 def legend(figure: Figure, axes) -> None:
-    """One legend under the figure for all its panels (each label once; labels starting with _ left out)."""
+    """One legend under the figure for all its panels (each label once; labels starting with _ left out), in rows
+    of at most 7 entries made as even as they go (8 entries: two rows of 4, so a long entry such as the hollow-marker
+    note does not push a row past the figure's width)."""
     handles, labels = {}, []
     for ax in np.ravel(axes):
         for handle, label in zip(*ax.get_legend_handles_labels()):
@@ -84,5 +87,13 @@ def legend(figure: Figure, axes) -> None:
                 handles[label] = handle
                 labels.append(label)
     if handles:
+        rows = -(-len(labels) // 7)
         figure.legend([handles[label] for label in labels], labels, loc="outside lower center",
-                      ncols=min(len(labels), 7), frameon=False)
+                      ncols=-(-len(labels) // rows), frameon=False)
+
+
+def count(n: int) -> str:
+    """A count printed on a bar or under a point, short: 3, 412, 3,100 → 3.1k (a rate over 3 steps must not look
+    like one over 3,000, and neither label may crowd its neighbours)."""
+    n = int(n)
+    return f"{n:,}" if n < 1000 else f"{n / 1000:.1f}k"
