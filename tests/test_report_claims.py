@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -222,6 +224,17 @@ def test_timing_noise_from_recorded_repeats_and_unmeasured_for_old_runs():
     ranked = pd.DataFrame([{"task": "swebench", "method": "a", "rank": 1, "ratio_to_best": 1.0},
                            {"task": "swebench", "method": "b", "rank": 2, "ratio_to_best": 1.05}])
     assert "a tie" in noise.tie_clause(noise.noise_table(turns, {"r": 3}), ranked, "swebench")
+    # Table 1's marks: a "best" that the bootstrap separates but the clock cannot is tied for best
+    ranks = pd.DataFrame([
+        {"task": "swebench", "measure": "speedup", "method": "a", "rank": 1, "ratio_to_best": 1.0, "status": "best"},
+        {"task": "swebench", "measure": "speedup", "method": "b", "rank": 2, "ratio_to_best": 1.05,
+         "status": "behind"},
+        {"task": "swebench", "measure": "tau", "method": "a", "rank": 1, "ratio_to_best": 1.0, "status": "best"}])
+    tied = noise.with_noise_ties(ranks, noise.noise_table(turns, {"r": 3}))
+    assert list(tied.status) == ["tied for best", "tied for best", "best"]  # τ is not a timing
+    far = ranks.assign(ratio_to_best=[1.0, 1.5, 1.0])
+    assert list(noise.with_noise_ties(far, noise.noise_table(turns, {"r": 3})).status) == list(far.status)
+    assert noise.with_noise_ties(ranks, old.to_frame().T).equals(ranks)  # unmeasured noise changes nothing
 
 
 def test_old_runs_without_the_repeats_column_still_load(tmp_path):
@@ -245,20 +258,21 @@ def test_a_report_writes_the_new_sections_and_refuses_a_bad_hardware_dir(tmp_pat
     from tests.helpers import ALPHA_GSM8K, write_run
 
     run = write_run(tmp_path / "gsm8k", "gsm8k", {"alpha": ALPHA_GSM8K})
+    (tmp_path / "profile").mkdir()
     report = write_report([run], tmp_path / "report", n_resamples=100,
                           argv=["evalsuite", "report", str(run), "--out", str(tmp_path / "report"),
-                                "--resamples", "100"])
+                                "--resamples", "100", "--hardware", os.path.relpath(tmp_path / "profile")])
     names = {p.name for p in report.files}
     for name in ("end_to_end.md", "policy.md", "other_hardware.md", "tau_identity.md", "accepted_length.md",
                  "acceptance_matrix.md", "context_design.md", "timing_noise.md", "command.txt"):
         assert name in names, name
     command = (tmp_path / "report" / "command.txt").read_text()
-    assert f"evalsuite report {run} --out {tmp_path / 'report'} --resamples 100" in command
+    assert f"evalsuite report {run} --out {tmp_path / 'report'} --resamples 100 --hardware" in command
     assert "## run gsm8k" in command
     # the rebuild line reads the runs where the report shows them, from the report's own directory
     rebuild = command.split("## rebuild it from the records shipped beside it")[1].strip().splitlines()[-1]
     assert str(tmp_path) not in rebuild
-    assert rebuild == "evalsuite report ../gsm8k --out . --resamples 100"
+    assert rebuild == "evalsuite report ../gsm8k --out . --resamples 100 --hardware ../profile"
     assert "ANALYTIC MODEL, not a measurement" in (tmp_path / "report" / "tables" / "other_hardware.md").read_text()
     with pytest.raises(UserError, match="not a profile directory"):
         write_report([run], tmp_path / "again", n_resamples=100, hardware_dirs=[tmp_path])

@@ -105,6 +105,7 @@ def write_report(paths: list[Path], out: Path, formats: set[str] = frozenset(FOR
     policy_scores = policy.evaluate_policy(turns, seed, n_resamples, spans=load_run_spans(results))
     choices = policy.best_choices(turns, seed, n_resamples)
     noise_cells = noise.noise_table(turns, {r.key: int(r.config.get("repeats") or 1) for r in results.runs})
+    ranks = noise.with_noise_ties(ranks, noise_cells)
     surfaces, surface_notes = _surfaces(results, hardware_dirs or [], analytic)
     projected = hardware.projections(steps, turns, surfaces, limits)
     histogram = checks.accepted_length_histogram(steps)

@@ -191,9 +191,10 @@ def _relative(path, out: Path, display) -> str:
     return relative if relative.startswith("..") else f"./{relative}"
 
 
-def _rebuild_argv(argv: list[str], runs, display) -> list[str]:
-    """The report's command line over the runs where the report shows them (`display`, relative to the report's
-    directory) and `--out .`: its run paths and --out dropped, every other option kept as given."""
+def _rebuild_argv(argv: list[str], runs, display_relative) -> list[str]:
+    """The report's command line from the report's directory: the runs where the report keeps them
+    (`display_relative`), `--out .`, every other option kept, an existing relative path among them rewritten
+    relative to the report's directory."""
     run_paths = {Path(run.path).resolve() for run in runs}
     kept, skip = [], False
     for token in argv[2:]:
@@ -207,5 +208,7 @@ def _rebuild_argv(argv: list[str], runs, display) -> list[str]:
             continue
         if not token.startswith("-") and Path(token).resolve() in run_paths:
             continue
+        if not token.startswith("-") and not Path(token).is_absolute() and Path(token).exists():
+            token = display_relative(token)  # an option's file or directory (--hardware DIR), from the report
         kept.append(token)
-    return ["evalsuite", "report", *[display(run.path) for run in runs], "--out", ".", *kept]
+    return ["evalsuite", "report", *[display_relative(run.path) for run in runs], "--out", ".", *kept]

@@ -95,3 +95,28 @@ def noise_sentence(noise: pd.DataFrame) -> str:
     per_method = measured.groupby("method").median_cv.median().sort_values()
     return ("Timing noise (median CV of a turn's decode seconds over its repeats): " +
             ", ".join(f"{m} {v:.1%}" for m, v in per_method.items()) + ".")
+
+
+def with_noise_ties(ranks: pd.DataFrame, noise: pd.DataFrame) -> pd.DataFrame:
+    """`decisions.rank_methods` rows with the speedup ranking's "best" demoted to "tied for best" where the
+    runner-up (and each next method) is nearer to it than their timing noise, √(CV² + CV²): a difference the
+    repeats show the clock cannot resolve is a tie, whatever the bootstrap over trajectories says. Unmeasured noise
+    changes nothing."""
+    if noise is None or noise.empty or ranks.empty:
+        return ranks
+    ranks = ranks.copy()
+    for task in ranks.task.unique():
+        mask = (ranks.task == task) & (ranks.measure == "speedup")
+        cells = ranks[mask].sort_values("rank")
+        if len(cells) < 2 or cells.status.iloc[0] != "best":
+            continue
+        best = cells.iloc[0]
+        tied = []
+        for index, row in cells.iloc[1:].iterrows():
+            level = combined_noise(noise, task, best.method, row.method)
+            if not (np.isfinite(level) and np.isfinite(row.ratio_to_best) and abs(row.ratio_to_best - 1.0) < level):
+                break
+            tied.append(index)
+        if tied:
+            ranks.loc[[cells.index[0], *tied], "status"] = "tied for best"
+    return ranks
