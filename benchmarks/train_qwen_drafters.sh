@@ -65,6 +65,26 @@ stage() {  # stage NAME COMMAND...: skip when done, log start and end
 
 load_steps() { if [ -f "$OUT/steps.env" ]; then . "$OUT/steps.env"; fi; }
 
+# The card's held-out evaluation of one finished drafter (EVAL=0 skips it): GSM8K at T=0 (the tau >= 2.0 target)
+# and agent contexts at the context points 2k, 8k and 16k of bundled SWE-Bench trajectories held out of training
+# (--subset mini-swe-agent-long), then the rows attached to the drafter's card. Resumable (--resume); done once.
+evaluate() {
+  local m=$1 done="$OUT/eval/$1.done"
+  [ "${EVAL:-1}" = 1 ] && [ -f "$OUT/$m/model.safetensors" ] && [ ! -f "$done" ] || return 0
+  mkdir -p "$OUT/eval"
+  local common=(--method "$m" --target qwen2.5-coder-0.5b --drafter "$m=$OUT/$m" --seed 0 --threads "$THREADS"
+                --resume)
+  echo "[$(date -u +%FT%TZ)] $m: held-out evaluation"
+  $EVALSUITE run "${common[@]}" --task gsm8k --limit "${EVAL_GSM8K:-20}" --max-new-tokens 128 \
+    --out "$OUT/eval/$m-gsm8k"
+  $EVALSUITE run "${common[@]}" --task swebench --subset mini-swe-agent-long --limit "${EVAL_AGENT:-6}" \
+    --context-points 2k,8k,16k --max-new-tokens 64 --out "$OUT/eval/$m-agent"
+  local python=python
+  case "$EVALSUITE" in */*) python="$(dirname "$EVALSUITE")/python";; esac  # the venv's, beside its evalsuite
+  "${PYTHON:-$python}" -m evalsuite.train.card "$OUT/$m" "$OUT/eval/$m-gsm8k" "$OUT/eval/$m-agent"
+  touch "$done"
+}
+
 # prompts, held-out list, regenerated replies, logged agent labels and the feature cache, once for all four
 stage data $EVALSUITE train --method dlite --out "$OUT/dlite" --prepare-only --threads "$THREADS" "${DATA[@]}"
 # DLite single-stage (the recipe that measured better than two-stage at a CPU budget, baselines/drafters/README.md)
@@ -72,16 +92,20 @@ load_steps
 stage dlite $EVALSUITE train --method dlite --out "$OUT/dlite" --steps "${DLITE_STEPS:-6000}" \
   --set single_stage=true --set layers=2 --set intermediate_size=128 --set rank=20 \
   --set batch_seqs=4 --set anchors_per_seq=16 --threads "$THREADS" "${DATA[@]}"
+evaluate dlite
 load_steps
 stage eagle3 $EVALSUITE train --method eagle3 --out "$OUT/eagle3" --steps "${EAGLE3_STEPS:-2400}" \
   --set intermediate_size=256 --set draft_vocab_size=2048 --set batch_seqs=1 --threads "$THREADS" "${DATA[@]}"
+evaluate eagle3
 load_steps
 stage dspark $EVALSUITE train --method dspark --out "$OUT/dspark" --steps "${DSPARK_STEPS:-5000}" \
   --set layers=1 --set intermediate_size=384 --set markov_rank=2 --set train_vocab_top=8 \
   --set batch_seqs=4 --set anchors_per_seq=16 --threads "$THREADS" "${DATA[@]}"
+evaluate dspark
 load_steps
 stage dflash $EVALSUITE train --method dflash --out "$OUT/dflash" --steps "${DFLASH_STEPS:-5000}" \
   --set layers=1 --set intermediate_size=384 --set train_vocab_top=8 \
   --set batch_seqs=4 --set anchors_per_seq=16 --threads "$THREADS" "${DATA[@]}"
+evaluate dflash
 echo "[$(date -u +%FT%TZ)] all four drafters trained in $OUT"
 du -cb "$OUT"/{dlite,eagle3,dspark,dflash}/model.safetensors

@@ -294,7 +294,8 @@ def write_run(directory: Path, task: str, methods: dict[str, dict[str, list[dict
                     decode_s=t["decode_s"], tau=float("nan"), ar_decode_s=t["ar_decode_s"],
                     ar_new_tokens=t["ar_new_tokens"], speedup_turn=float("nan"), stop_reason=t["stop_reason"],
                     skip_reason="too long" if t["stop_reason"] == "skipped" else "", dropped_tokens=0,
-                    output_ids=t["output_ids"], degenerate=flagged, degenerate_reason=reason))
+                    output_ids=t["output_ids"], degenerate=flagged, degenerate_reason=reason,
+                    context_point=t.get("context_point", 0)))
             turn_records[-1].last = True
             for index, record in enumerate(turn_records):
                 store.write_turn(sample_id, index, [s for s in step_records if s.turn == index], [record])

@@ -97,17 +97,39 @@ def write_model_card(out_dir: Path, report: dict, config: dict) -> Path:
         lines.append("Not measured yet: run `evalsuite run --method <m> --task gsm8k --out RUN` and "
                      f"`python -m evalsuite.train.card {out_dir} RUN`.")
     else:
-        lines.append("| task | k | samples | max new tokens | method | τ | speedup vs ar | target weight layout "
-                     "| run |")
-        lines.append("|---|---|---|---|---|---|---|---|---|")
+        lines.append("| task | context | k | samples | max new tokens | method | τ | speedup vs ar | target weight "
+                     "layout | run |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|")
         for row in evals:
-            lines.append(f"| {row['task']} | {row['k']} | {row['samples']} | {row['max_new_tokens']} | "
-                         f"{row['method']} | {_fmt(row['tau'], 2)} | {_fmt(row['speedup'], 2)} | "
-                         f"{row.get('weight_layout', 'row-major')} | {row['run']} |")
+            lines.append(f"| {row['task']} | {row.get('context', 'all')} | {row['k']} | {row['samples']} | "
+                         f"{row['max_new_tokens']} | {row['method']} | {_fmt(row['tau'], 2)} | "
+                         f"{_fmt(row['speedup'], 2)} | {row.get('weight_layout', 'row-major')} | {row['run']} |")
     lines += ["", "## Reproduce", "```", report["command"], "```", ""]
     path = out_dir / CARD
     path.write_text("\n".join(lines))
     return path
+
+
+def context_point_rows(run_dir: Path, method: str, common: dict) -> list[dict]:
+    """One held-out row per context point of a `--context-points` run: τ and paired speedup over the turns decoded
+    at that point (the first turn of each trajectory at or past it), with the contexts they started from."""
+    from evalsuite import metrics
+    from evalsuite.store.run_store import read_run
+
+    tables = read_run(run_dir)
+    turns = tables.turns
+    if "context_point" not in turns.columns:
+        return []
+    mine = metrics.decoded(turns[(turns.method == method) & (turns.context_point > 0)])
+    rows = []
+    for point, cell in mine.groupby("context_point", sort=True):
+        keys = cell[["sample_id", "turn"]]
+        steps = tables.steps[tables.steps.method == method].merge(keys, on=["sample_id", "turn"])
+        rows.append({**common, "samples": int(cell.sample_id.nunique()), "method": method,
+                     "tau": metrics.tau(steps), "speedup": metrics.speedup(cell),
+                     "context": f"point {int(point):,}: {int(cell.context_len.min()):,}–"
+                                f"{int(cell.context_len.max()):,} tokens"})
+    return rows
 
 
 def attach_evaluations(drafter_dir: Path, run_dirs: list[Path]) -> Path:
@@ -119,14 +141,15 @@ def attach_evaluations(drafter_dir: Path, run_dirs: list[Path]) -> Path:
     rows = [r for r in report.get("heldout_eval") or [] if r["run"] not in {Path(d).name for d in run_dirs}]
     for run_dir in run_dirs:
         run = json.loads((Path(run_dir) / "run.json").read_text())
+        common = {"task": run["task"], "k": run["k"], "max_new_tokens": run["max_new_tokens"],
+                  "run": Path(run_dir).name, "weight_layout": run.get("weight_layout", "row-major"),
+                  "drafter_sha256": run.get("drafter_sha256", {}).get(report["method"])}
         for row in summary_rows(run_dir):
             if row["method"] != report["method"]:
                 continue
-            rows.append({"task": run["task"], "k": run["k"], "samples": row["samples"],
-                         "max_new_tokens": run["max_new_tokens"], "method": row["method"], "tau": row["tau"],
-                         "speedup": row["speedup"], "run": Path(run_dir).name,
-                         "weight_layout": run.get("weight_layout", "row-major"),  # runs before the option
-                         "drafter_sha256": run.get("drafter_sha256", {}).get(report["method"])})
+            rows.append({**common, "samples": row["samples"], "method": row["method"], "tau": row["tau"],
+                         "speedup": row["speedup"], "context": "all"})
+        rows += context_point_rows(run_dir, report["method"], common)
     report["heldout_eval"] = rows
     (drafter_dir / REPORT).write_text(json.dumps(report, indent=1, sort_keys=True, default=str))
     return write_model_card(drafter_dir, report, config)

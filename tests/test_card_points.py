@@ -1,0 +1,33 @@
+"""A drafter card's held-out rows per context point: τ and paired speedup over the turns decoded at each point."""
+
+from __future__ import annotations
+
+import pytest
+
+from evalsuite.train.card import context_point_rows
+from tests.helpers import turn, write_run
+
+
+def _at(point: int, context: int, steps, decode_s: float) -> dict:
+    return {**turn(steps, decode_s=decode_s, new_tokens=10, ar_decode_s=2.0, ar_new_tokens=10,
+                   context_len=context), "context_point": point}
+
+
+def test_rows_per_context_point(tmp_path):
+    run = write_run(tmp_path / "agent", "swebench", {
+        "dlite": {"a": [_at(2048, 2100, [(3, 3), (3, 1)], 1.0), _at(8192, 8300, [(3, 0)], 2.0)],
+                  "b": [_at(2048, 2500, [(3, 2)], 1.0), _at(8192, 9000, [(3, 0), (3, 0)], 4.0)]},
+        "ar": {"a": [_at(2048, 2100, [(0, 0)], 2.0), _at(8192, 8300, [(0, 0)], 2.0)],
+               "b": [_at(2048, 2500, [(0, 0)], 2.0), _at(8192, 9000, [(0, 0)], 2.0)]}})
+    rows = context_point_rows(run, "dlite", {"task": "swebench"})
+    assert [r["context"] for r in rows] == ["point 2,048: 2,100–2,500 tokens", "point 8,192: 8,300–9,000 tokens"]
+    assert rows[0]["tau"] == pytest.approx((4 + 2 + 3) / 3)  # bonus token counted
+    assert rows[1]["tau"] == pytest.approx(1.0)
+    assert rows[0]["speedup"] == pytest.approx(2.0) and rows[1]["speedup"] == pytest.approx(4.0 / 6.0)
+    assert all(r["samples"] == 2 and r["task"] == "swebench" for r in rows)
+
+
+def test_a_run_without_points_adds_no_rows(tmp_path):
+    run = write_run(tmp_path / "gsm8k", "gsm8k", {"dlite": {"a": [turn([(3, 3)], context_len=100)]},
+                                                  "ar": {"a": [turn([(0, 0)], context_len=100)]}})
+    assert context_point_rows(run, "dlite", {}) == []
