@@ -13,7 +13,7 @@ should sit a little above the measured speedup.
 Costs come from the steps τ counts (not `budget_limited`) of the method; the one-token decode from the `ar`
 method's steps (its verify forward of one token) of the same turns' bin. Unlike `stats.cost_curves`, which bins
 steps by their own context, every step here falls in its *turn's* bin, with the task's turn-context bins of
-`stats.context_curves` (`task_context_edges` over the task's decoded turns), so each row matches the τ/speedup row
+`stats.context_curves` (`stats.turn_binning` over the task's decoded turns), so each row matches the τ/speedup row
 with the same (task, method, context_lo, context_hi) label: those are the bin's own edges (turn contexts
 context_lo..context_hi). Steps run past their turn's context by up to the reply's length; `step_context_lo/hi`
 give the contexts the bin's steps actually saw.
@@ -52,9 +52,9 @@ def turn_bins(turns: pd.DataFrame, max_bins: int = 6) -> pd.DataFrame:
         task_turns = metrics.decoded(turns[turns.task == task])
         if task_turns.empty:
             continue
-        edges = stats.task_context_edges(task_turns.context_len, max_bins)
+        edges, column = stats.turn_binning(task_turns, max_bins)
         keyed = task_turns.drop_duplicates(["run", "sample_id", "turn"])
-        b = stats.context_bin(keyed.context_len, edges)
+        b = stats.context_bin(keyed[column], edges)
         parts.append(pd.DataFrame({"run": keyed.run.to_numpy(), "task": task, "sample_id": keyed.sample_id.to_numpy(),
                                    "turn": keyed.turn.to_numpy(), "turn_context": keyed.context_len.to_numpy(),
                                    "bin": b, "context_lo": edges[b].astype(int),

@@ -15,7 +15,7 @@ import pandas as pd
 from evalsuite.errors import UserError
 from evalsuite import metrics
 from evalsuite.conventions import BASELINE
-from evalsuite.report import (breakeven, checks, decisions, effects, hardware, noise, policy, positions,
+from evalsuite.report import (breakeven, checks, decisions, effects, hardware, noise, points, policy, positions,
                               regime, stats, telemetry, verdict)
 from evalsuite.report import html as html_page
 from evalsuite.report import published as published_numbers
@@ -30,7 +30,7 @@ from evalsuite.report.tables import (baseline_table, break_even_table, context_e
                                      repository_table, results_table, summary_table, tau_macro_table, telemetry_table,
                                      without_degenerate_table, design_table, slope_difference_table,
                                      end_to_end_table, policy_table, choice_table, identity_table, histogram_table,
-                                     matrix_table, hardware_table)
+                                     matrix_table, hardware_table, crossing_table, published_context_table)
 
 FORMATS = ("md", "latex", "csv", "html")
 VERSION_KEYS = ("evalsuite", "torch", "transformers", "numpy", "pandas", "pyarrow")
@@ -149,6 +149,15 @@ def write_report(paths: list[Path], out: Path, formats: set[str] = frozenset(FOR
                 [data_provenance_table(results), drafters_table(results, cards, out), provenance_table(results, out),
                  runs_table(results, out), environment_table(results)]),
     ]
+    point_tasks = points.point_tasks(turns)
+    if point_tasks:  # runs decoded at context points (the long-context study): right after the context section
+        published_curves = points.load_curves()
+        sections.insert(2, Section("long_context", "The long-context answer: context points", [
+            Box("verdict", "Against context, within trajectories",
+                points.findings(effect, differences, curves, point_tasks, published_curves)
+                + [points.FINDINGS_CONVENTION]),
+            crossing_table(points.crossings(curves, point_tasks)),
+            published_context_table(points.published_beside(curves, published_curves, point_tasks))]))
     span_items, span_files, span_notes = span_section(results, out / "figures")
     if span_items:  # runs holding span labels (docs/spans.md): after the cost section
         sections.insert(3, Section("spans", "Acceptance by span type and by copying", span_items))

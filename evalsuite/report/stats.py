@@ -239,6 +239,17 @@ def task_context_edges(contexts: pd.Series, max_bins: int = 6, min_turns_per_bin
     return edges.astype(float)
 
 
+def turn_binning(task_turns: pd.DataFrame, max_bins: int = 6) -> tuple[np.ndarray, str]:
+    """(edges, column) of one task's context bins over its decoded turns: a bin is `context_bin(turns[column],
+    edges)`. Runs decoded at context points (`--context-points`, every turn at one) get one bin per point, by the
+    point ([point, next point)), since a point's turn may start just past it (a replayed trajectory) or just below
+    it (a one-document task cut to fit it); other runs get quantile bins of the context (`task_context_edges`)."""
+    if "context_point" in task_turns.columns and len(task_turns) and (task_turns.context_point > 0).all():
+        points = np.unique(task_turns.context_point.to_numpy(float))
+        return np.concatenate([points, [points[-1] + 1]]), "context_point"
+    return task_context_edges(task_turns.context_len, max_bins), "context_len"
+
+
 def context_bin(values, edges: np.ndarray) -> np.ndarray:
     return np.clip(np.searchsorted(edges, np.asarray(values, float), side="right") - 1, 0, len(edges) - 2)
 
@@ -247,7 +258,8 @@ def context_curves(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0, n_re
                    max_bins: int = 6) -> pd.DataFrame:
     """τ and pooled speedup per (task, method, context bin), with the cell's n and trajectory-bootstrap CIs.
 
-    Bins are per task (`task_context_edges` over all of that task's decoded turns, every method), so a bin
+    Bins are per task (`turn_binning` over all of that task's decoded turns, every method: quantiles of the
+    context, or the context points of a `--context-points` run), so a bin
     never mixes tasks and all methods of a task share its bins. A cell with one trajectory has no interval.
     Extra column `context_median` (the median turn context in the cell) is where figures draw the point."""
     rows = []
@@ -255,13 +267,13 @@ def context_curves(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0, n_re
         task_turns = metrics.decoded(turns[turns.task == task])
         if task_turns.empty:
             continue
-        edges = task_context_edges(task_turns.context_len, max_bins)
+        edges, column = turn_binning(task_turns, max_bins)
         n_bins = len(edges) - 1
         for method in list(dict.fromkeys(task_turns.method)):
             if method == BASELINE:
                 continue
             cell_turns = task_turns[task_turns.method == method].copy()
-            cell_turns["bin"] = context_bin(cell_turns.context_len, edges)
+            cell_turns["bin"] = context_bin(cell_turns[column], edges)
             units = list(dict.fromkeys(trajectory_keys(cell_turns)))
             unit_of = trajectory_keys(cell_turns)
             cell_steps = steps[(steps.method == method) & (steps.task == task)]

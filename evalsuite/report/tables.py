@@ -12,7 +12,7 @@ import pandas as pd
 
 from evalsuite import conventions, metrics
 from evalsuite.conventions import BASELINE
-from evalsuite.report import (breakeven, checks, decisions, effects, hardware, policy, positions, stats,
+from evalsuite.report import (breakeven, checks, decisions, effects, hardware, points, policy, positions, stats,
                               telemetry)
 from evalsuite.report.formatting import Cell, Table, is_number
 
@@ -661,3 +661,31 @@ def hardware_table(table: pd.DataFrame, notes: list[str]) -> Table | None:
                  ["Task", "Method", "cost surface", "τ (measured)", "τ*", "verify / decode", "draft / decode",
                   "projected speedup", "measured here", "validation error"], rows,
                  [hardware.HARDWARE_CONVENTION, conventions.TAU, *notes], table)
+
+
+def crossing_table(frame: pd.DataFrame) -> Table | None:
+    """Where each method's speedup crosses 1.0 against the context points (`points.crossings`)."""
+    if frame.empty:
+        return None
+    rows = [[Cell(r.task), Cell(r.method), Cell(int(r.n_points)), Cell(r.speedup_first, digits=2),
+             Cell(r.speedup_last, digits=2), Cell(r.crossing)] for r in frame.itertuples(index=False)]
+    return Table("context_crossing", "Where the speedup crosses 1.0 against context (context points)",
+                 ["Task", "Method", "points", "speedup at the first point", "at the last point", "crossing"], rows,
+                 [points.CROSSING_CONVENTION, conventions.SPEEDUP], frame)
+
+
+def published_context_table(frame: pd.DataFrame) -> Table | None:
+    """Published acceptance against context beside ours at the nearest point (`points.published_beside`)."""
+    if frame.empty:
+        return None
+    rows = []
+    for r in frame.itertuples(index=False):
+        context = f"{int(r.context):,}" if isinstance(r.context, (int, float)) and math.isfinite(r.context) else "–"
+        ours = "–" if pd.isna(r.our_method) or not math.isfinite(r.our_tau) else \
+            f"{r.our_tau:.2f} {decisions.format_interval(r.our_tau_lo, r.our_tau_hi)}".rstrip() + \
+            f" ({r.our_method} at {int(r.our_point):,})"
+        rows.append([Cell(f"{r.source}: {r.target}"), Cell(f"{r.method} ({r.variant})"), Cell(r.their_task),
+                     Cell(context), Cell(r.their_tau, digits=2), Cell(r.task), Cell(ours)])
+    return Table("published_context", "Published acceptance against context, beside ours at the nearest point",
+                 ["published", "drafter", "their task", "context", "their τ", "our task", "our τ"], rows,
+                 [points.PUBLISHED_CONVENTION, conventions.TAU], frame)
