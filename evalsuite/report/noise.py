@@ -69,6 +69,11 @@ def combined_noise(noise: pd.DataFrame, task: str, a: str, b: str) -> float:
     return float(math.hypot(cells[a], cells[b])) if np.isfinite(cells[a]) and np.isfinite(cells[b]) else float("nan")
 
 
+def is_tie(level: float, ratio: float) -> bool:
+    """A ratio of two timings (or a speedup against `ar`) nearer to 1 than the measured noise `level` (NaN: not)."""
+    return bool(np.isfinite(level) and np.isfinite(ratio) and abs(ratio - 1.0) < level)
+
+
 def tie_clause(noise: pd.DataFrame, ranked: pd.DataFrame, task: str) -> str:
     """'' or a clause saying the best and the runner-up differ by less than their timing noise (a tie)."""
     cells = ranked[ranked.task == task].sort_values("rank")
@@ -79,7 +84,7 @@ def tie_clause(noise: pd.DataFrame, ranked: pd.DataFrame, task: str) -> str:
     if not np.isfinite(level) or not np.isfinite(runner.ratio_to_best):
         return ""
     gap = abs(float(runner.ratio_to_best) - 1.0)  # the paired ratio best / runner-up
-    if np.isfinite(gap) and gap < level:
+    if is_tie(level, float(runner.ratio_to_best)):
         return (f" (their {gap:.1%} difference is below the timing noise of {level:.1%}, √(CV² + CV²) of the two: "
                 "a tie)")
     return ""
@@ -113,8 +118,7 @@ def with_noise_ties(ranks: pd.DataFrame, noise: pd.DataFrame) -> pd.DataFrame:
         best = cells.iloc[0]
         tied = []
         for index, row in cells.iloc[1:].iterrows():
-            level = combined_noise(noise, task, best.method, row.method)
-            if not (np.isfinite(level) and np.isfinite(row.ratio_to_best) and abs(row.ratio_to_best - 1.0) < level):
+            if not is_tie(combined_noise(noise, task, best.method, row.method), float(row.ratio_to_best)):
                 break
             tied.append(index)
         if tied:

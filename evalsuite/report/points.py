@@ -126,16 +126,17 @@ def published_beside(curves: pd.DataFrame, published: pd.DataFrame, tasks: list[
     return pd.DataFrame(rows)
 
 
-def _slope_text(row, measure: str = "tau") -> str:
-    if measure == "tau":
-        lo, hi, value = row.slope_tau_lo, row.slope_tau_hi, row.slope_tau
-        scale, unit = math.log(2), " τ per doubling"
-    else:
-        lo, hi, value = row.slope_lo, row.slope_hi, row.slope_log_speedup
-        scale, unit = math.log(2), " log speedup per doubling"
-    if not np.isfinite(value):
+def _per_doubling(value: float, lo: float, hi: float) -> str:
+    """A τ slope per unit log context as '+0.120 [0.050, 0.190]' per doubling (× ln 2)."""
+    scale = math.log(2)
+    return f"{value * scale:+.3f} {format_interval(lo * scale, hi * scale, 3)}".rstrip()
+
+
+def _slope_text(row) -> str:
+    if not np.isfinite(row.slope_tau):
         return "no within-trajectory slope"
-    return f"{value * scale:+.3f}{unit} {format_interval(lo * scale, hi * scale, 3)}".rstrip()
+    value, _, rest = _per_doubling(row.slope_tau, row.slope_tau_lo, row.slope_tau_hi).partition(" ")
+    return f"{value} τ per doubling {rest}".rstrip()
 
 
 def _direction(lo: float, hi: float) -> str:
@@ -197,11 +198,11 @@ def findings(effect: pd.DataFrame, differences: pd.DataFrame, curves: pd.DataFra
                 if diff is not None and diff[3]:
                     value, lo, hi, _ = diff
                     if lo > 0 and verdict == "falls":
-                        text += (f"; the window stops the fall: its slope minus full attention's {value * math.log(2):+.3f} "
-                                 f"{format_interval(lo * math.log(2), hi * math.log(2), 3)} per doubling")
+                        text += (f"; the window stops the fall: its slope minus full attention's "
+                                 f"{_per_doubling(value, lo, hi)} per doubling")
                     else:
-                        text += (f"; not separable from full attention's slope (difference {value * math.log(2):+.3f} "
-                                 f"{format_interval(lo * math.log(2), hi * math.log(2), 3)} per doubling)")
+                        text += (f"; not separable from full attention's slope (difference "
+                                 f"{_per_doubling(value, lo, hi)} per doubling)")
                 parts.append(text)
         if dlite in cells.index:
             row = cells.loc[dlite]
@@ -213,8 +214,7 @@ def findings(effect: pd.DataFrame, differences: pd.DataFrame, curves: pd.DataFra
             for other in falling:
                 diff = _difference(differences, task, dlite, other)
                 if diff is not None and diff[3] and diff[1] > 0:
-                    separated.append(f"{other} ({diff[0] * math.log(2):+.3f} "
-                                     f"{format_interval(diff[1] * math.log(2), diff[2] * math.log(2), 3)})")
+                    separated.append(f"{other} ({_per_doubling(*diff[:3])})")
                 else:
                     together.append(other)
             if verdict in ("holds", "rises") and separated:

@@ -173,9 +173,8 @@ def verdict(task: str, speed: pd.DataFrame, overall: pd.DataFrame, effect: pd.Da
         return "no data", f"{task}: no drafting method has paired turns."
     if noise is not None and not noise.empty:
         for index, row in cells.iterrows():
-            level = timing_noise.combined_noise(noise, task, row.method, BASELINE)
-            if row.verdict in ("faster than ar", "slower than ar") and np.isfinite(level) and \
-                    abs(float(row.speedup) - 1.0) < level:
+            if row.verdict in ("faster than ar", "slower than ar") and timing_noise.is_tie(
+                    timing_noise.combined_noise(noise, task, row.method, BASELINE), float(row.speedup)):
                 cells.loc[index, "verdict"] = TIE_WITH_AR
     by_method = {row.method: row for row in overall[overall.task == task].itertuples()}
     groups = {}
