@@ -2,14 +2,18 @@
 lengths, same machine, same thread count.
 
 Rows (each a decode of `--new-tokens` greedy tokens after a context of each length; ms per new token, prefill
-excluded; ÷ floor = ms ÷ (weight bytes + KV bytes at that context) / copy bandwidth measured now):
+excluded; ÷ floor = ms ÷ (weight bytes + KV bytes at that context) / copy bandwidth (read + write) measured now,
+÷ read the same over the read bandwidth (a sum over a large tensor), the stricter floor):
 - `ours ar` / `ours ngram`: evalsuite's engine (`HfEngine`, the default fused decoder), a plain decode and our
-  n-gram prompt lookup (k=7), plus `ours verify-8`: one 8-token verify forward;
+  n-gram prompt lookup (k=7), plus `ours verify-8`: one 8-token verify forward, and `ours weight products`: the
+  one-row products of a decode over the same weights and nothing else (what the rest of our forward costs is
+  `ours ar` minus this row; what torch's GEMV kernel costs against llama.cpp's is this row against its f32);
 - `hf-generate`: transformers' `generate` with its static cache (`cache_implementation="static"`), eager, fp32;
 - `llama.cpp f32` / `llama.cpp <quant>`: llama-cpp-python on a GGUF of the same weights, f32 (dequantized from
   the shipped GGUF, so the same values as ours) and the shipped quantisation (the speed a CPU user actually gets),
   plus `llama.cpp f32 + PLD`: its prompt-lookup speculative decoding (7 draft tokens) beside our ngram;
-- `vllm`: vLLM's CPU engine from `.venv-vllm` (fp32, prefix caching off), run as a subprocess.
+- `vllm`: vLLM's CPU engine from `.venv-vllm` (fp32, prefix caching off), run as a subprocess after the others,
+  and `ours ar (after vllm)` re-timed right after it: vLLM's "× ours ar" is against that row.
 A peer that is not installed, or has nothing to load, is skipped with its reason printed; nothing is dropped.
 
 The prompt: a real agent context (a bundled SWE-Bench trajectory rendered through the target's chat template),
@@ -17,7 +21,9 @@ its last N tokens for each context length N, so that prompt lookup has what an a
 
     python benchmarks/engines.py [--target default] [--contexts 512,2048,4096] [--new-tokens 64] [--repeats 3]
         [--peers ours,hf-generate,llama-cpp,vllm] [--threads N]
-Timing: every engine is warmed up on the shape first; repeats interleave the engines; medians are printed.
+Timing: every in-process engine is loaded first and warmed up on each context's shapes; then each repeat times
+every engine once, in turn (this VM's speed drifts by tens of percent within minutes, so engines timed one after
+another are not comparable); medians are printed.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -56,77 +64,153 @@ def agent_context(target, length: int) -> list[int]:
     return ids[-length:]
 
 
+def seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
 def median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
+    return statistics.median(seconds(fn) for _ in range(repeats))
+
+
+@dataclass
+class Timer:
+    """One row of the table per context: `warm(length)` runs its shapes untimed, `sample(length)` times one
+    repeat and returns ms per new token; `info` collects what a row carries besides its time (τ, tokens)."""
+
+    engine: str
+    precision: str
+    warm: Callable[[int], None]
+    sample: Callable[[int], float]
+    info: dict = field(default_factory=dict)  # context → extra row fields
+
+
+def decode_difference(run: Callable[[int], int], new_tokens: int) -> Callable[[int], float]:
+    """ms per new token of a peer that prefills inside its own call: `run(n)` asks for n tokens and returns how
+    many it wrote; (time of the n-token call − time of the 1-token call) ÷ (tokens written − tokens written by the
+    1-token call), so the prefill cancels and a call that wrote fewer tokens than asked is still divided right."""
+    def sample(_length: int) -> float:
         start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        wrote_one = run(1)
+        middle = time.perf_counter()
+        wrote = run(new_tokens)
+        end = time.perf_counter()
+        if wrote - wrote_one < 1:
+            raise RuntimeError(f"asked for {new_tokens} tokens, wrote {wrote}: nothing to time")
+        return 1e3 * ((end - middle) - (middle - start)) / (wrote - wrote_one)
+    return sample
+
+
+def read_bandwidth(device: torch.device, megabytes: int = 256, repeats: int = 5) -> float:
+    """Bytes per second read by a sum over a large, written (so resident) tensor: the pace of a weight read,
+    which a decode needs; the copy floor counts a write as well."""
+    data = torch.ones(megabytes << 18, device=device)
+    data.sum()
+    return data.nbytes / median_time(lambda: float(data.sum()), repeats)
 
 
 # ---- ours ---------------------------------------------------------------------------------------------------------
-def ours(args, contexts: dict[int, list[int]]) -> list[dict]:
-    from evalsuite.config import RunConfig
-    from evalsuite.engines.hf import HfEngine
-    from evalsuite.metrics import tau_of
+class Ours:
+    """evalsuite's engine: `ar` and `ngram` decodes, one 8-token verify forward, and the weight products of one
+    decode alone (the floor of a decode made of torch's one-row products: what the rest of the forward adds is
+    the difference between that row and `ours ar`)."""
 
-    config = RunConfig(methods=["ngram"], task="swebench", target=args.target, max_new_tokens=args.new_tokens,
-                       k=7, threads=torch.get_num_threads())
-    engine = HfEngine(config)
-    engine.start(["ar", "ngram"], torch.get_num_threads())
-    rows = []
-    for length, ids in contexts.items():
-        engine.begin_trajectory()
-        methods = ("ar", "ngram")
-        for method in methods:  # warm-up: the shapes of this context, untimed
-            engine.decode(method, ids, 0)
-        results = {method: [] for method in methods}
-        for _ in range(args.repeats):  # interleaved repeats
-            for method in methods:
-                results[method].append(engine.decode(method, ids, 0))
-        for method, runs in results.items():
-            ms = statistics.median(1e3 * r.decode_s / len(r.output_ids) for r in runs)
-            steps = runs[0].steps
+    def __init__(self, args, contexts: dict[int, list[int]]):
+        from evalsuite.config import RunConfig
+        from evalsuite.engines.hf import HfEngine
+
+        config = RunConfig(methods=["ngram"], task="swebench", target=args.target, max_new_tokens=args.new_tokens,
+                           k=7, threads=torch.get_num_threads())
+        self.engine = HfEngine(config)
+        self.engine.start(["ar", "ngram"], torch.get_num_threads())
+        self.contexts, self.repeats = contexts, args.repeats
+        self.current = None
+        self.timers = [Timer(f"ours {m}", "fp32", self._warm, self._decoder(m)) for m in ("ar", "ngram")]
+        self.timers += [Timer("ours verify-8", "fp32", self._warm, self._verify),
+                        Timer("ours weight products", "fp32", self._warm, self._products)]
+
+    def _at(self, length: int) -> list[int]:
+        if self.current != length:  # one trajectory per context: the prefix cache then holds it
+            self.engine.begin_trajectory()
+            self.current = length
+        return self.contexts[length]
+
+    def _warm(self, length: int) -> None:
+        ids = self._at(length)
+        for method in ("ar", "ngram"):
+            self.engine.decode(method, ids, 0)
+        self._verify(length)
+        self._products(length)
+
+    def _decoder(self, method: str) -> Callable[[int], float]:
+        from evalsuite.metrics import tau_of
+
+        def sample(length: int) -> float:
+            result = self.engine.decode(method, self._at(length), 0)
+            steps = result.steps
+            timer = next(t for t in self.timers if t.engine == f"ours {method}")
             tau = tau_of([s.num_accepted for s in steps], [s.budget_limited for s in steps])
-            rows.append({"engine": f"ours {method}", "precision": "fp32", "context": length, "ms": ms,
-                         "tau": round(tau, 2) if method != "ar" else None,
-                         "tokens": runs[0].output_ids})
-        cache = engine.prefix.cache  # one 8-token verify forward after the context
+            timer.info[length] = {"tau": round(tau, 2) if method != "ar" else None, "tokens": result.output_ids}
+            return 1e3 * result.decode_s / len(result.output_ids)
+        return sample
+
+    def _verify(self, length: int) -> float:
+        ids = self._at(length)
+        self.engine.prefix.prefill(ids)
+        cache, target = self.engine.prefix.cache, self.engine.target
         block = torch.tensor(ids[-8:], dtype=torch.long)
-        target = engine.target
 
         def verify():
             target.forward(block, cache)
             cache.crop_to(len(ids))
-        verify()
-        rows.append({"engine": "ours verify-8", "precision": "fp32", "context": length,
-                     "ms": 1e3 * median_time(verify, 5 * args.repeats)})
-    engine.close()
-    return rows
+        return 1e3 * median_time(verify, 5)
+
+    def _products(self, length: int) -> float:
+        import torch.nn.functional as F
+
+        target = self.engine.target
+        fused = target.fused
+        if fused is None:
+            weights = [m.weight for m in target.model.modules() if isinstance(m, torch.nn.Linear)]
+        else:
+            weights = [w for layer in fused.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+            weights.append(fused.head)
+        rows = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
+
+        def products():
+            with torch.inference_mode():
+                for w in weights:
+                    F.linear(rows[w.shape[1]], w)
+        return 1e3 * median_time(products, 5)
+
+    def close(self) -> None:
+        self.engine.close()
 
 
 # ---- transformers' generate with a static cache ---------------------------------------------------------------------
-def hf_generate(args, contexts: dict[int, list[int]], model_dir: str) -> list[dict]:
+def hf_generate(args, contexts: dict[int, list[int]], model_dir: str) -> list[Timer]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    rows = []
-    for length, ids in contexts.items():
-        prompt = torch.tensor([ids])
 
-        def generate(n):
-            with torch.inference_mode():
-                return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                      cache_implementation="static", pad_token_id=0)
-        generate(2)
-        generate(args.new_tokens)  # warm-up of both shapes
-        one = median_time(lambda: generate(1), args.repeats)
-        full = median_time(lambda: generate(args.new_tokens), args.repeats)
-        out = generate(args.new_tokens)[0, len(ids):].tolist()
-        rows.append({"engine": "hf-generate (static cache)", "precision": "fp32", "context": length,
-                     "ms": 1e3 * (full - one) / (args.new_tokens - 1), "tokens": out})
-    return rows
+    def generate(length: int, n: int):
+        with torch.inference_mode():
+            return model.generate(torch.tensor([contexts[length]]), max_new_tokens=n, min_new_tokens=n,
+                                  do_sample=False, cache_implementation="static", pad_token_id=0)
+
+    tokens = {}
+
+    def warm(length: int) -> None:
+        generate(length, 2)
+        out = generate(length, args.new_tokens)  # warm-up of both shapes; greedy, so these are its tokens
+        tokens[length] = {"tokens": out[0, len(contexts[length]):].tolist()}
+
+    def sample(length: int) -> float:
+        return decode_difference(lambda n: generate(length, n).shape[1] - len(contexts[length]),
+                                 args.new_tokens)(length)
+
+    return [Timer("hf-generate (static cache)", "fp32", warm, sample, tokens)]
 
 
 # ---- llama.cpp ------------------------------------------------------------------------------------------------------
@@ -138,13 +222,13 @@ def f32_gguf(source: Path, out: Path) -> Path:
     reader = gguf.GGUFReader(str(source))
     arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
     writer = gguf.GGUFWriter(str(out), arch)
-    for field in reader.fields.values():
-        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+    for field_ in reader.fields.values():
+        if field_.name == gguf.Keys.General.ARCHITECTURE or field_.name.startswith("GGUF."):
             continue
-        value = 0 if field.name == gguf.Keys.General.FILE_TYPE else field.contents()
-        kind = field.types[0]
-        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, value, kind, sub_type=sub)
+        value = 0 if field_.name == gguf.Keys.General.FILE_TYPE else field_.contents()
+        kind = field_.types[0]
+        sub = field_.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field_.name, value, kind, sub_type=sub)
     for tensor in reader.tensors:
         data = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype("float32")
         writer.add_tensor(tensor.name, data.reshape([int(d) for d in reversed(tensor.shape)]))
@@ -155,34 +239,47 @@ def f32_gguf(source: Path, out: Path) -> Path:
     return out
 
 
-def run_llama_cpp(args, contexts: dict[int, list[int]], ggufs: dict[str, Path]) -> list[dict]:
+def run_llama_cpp(args, contexts: dict[int, list[int]], ggufs: dict[str, Path]) -> list[Timer]:
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
     threads = torch.get_num_threads()
     longest = max(contexts) + args.new_tokens + 16
-    rows = []
     variants = [(label, path, None) for label, path in ggufs.items()]
     if "f32" in ggufs:
         variants.append(("f32 + PLD", ggufs["f32"], 7))
+    timers = []
     for label, path, draft in variants:
         # logits_all with a draft model: llama-cpp-python 0.3.36 then keeps every position's logits but sizes
         # that buffer by the argument, so without it a prompt-lookup completion fails to store its logits
         model = Llama(model_path=str(path), n_ctx=longest, n_threads=threads, n_threads_batch=threads,
                       n_batch=512, verbose=False, logits_all=bool(draft),
                       draft_model=LlamaPromptLookupDecoding(num_pred_tokens=draft) if draft else None)
-        for length, ids in contexts.items():
-            def complete(n):
-                model.reset()  # no reuse of the previous call's prefix: every call prefills the context
-                return model.create_completion(prompt=ids, max_tokens=n, temperature=0.0, top_k=1)
-            complete(2)
-            complete(args.new_tokens)
-            one = median_time(lambda: complete(1), args.repeats)
-            full = median_time(lambda: complete(args.new_tokens), args.repeats)
-            rows.append({"engine": f"llama.cpp {label}", "precision": label.split()[0], "context": length,
-                         "ms": 1e3 * (full - one) / (args.new_tokens - 1)})
-        del model
-    return rows
+
+        def complete(length: int, n: int, model=model) -> int:
+            """n greedy tokens after the context (EOS banned, as generate's min_new_tokens does: llama.cpp would
+            stop at it, and a 64-token call that stopped after 30 was timed as if it had written 64); returns how
+            many it wrote. Without a `reset()` first, llama-cpp-python reuses the context already in its cache
+            and evaluates only its last token again."""
+            out = model.create_completion(prompt=contexts[length], max_tokens=n, temperature=0.0, top_k=1,
+                                          logit_bias={model.token_eos(): float("-inf")})
+            return int(out["usage"]["completion_tokens"])
+
+        def warm(length: int, model=model, complete=complete) -> None:
+            model.reset()
+            complete(length, 1)  # the prefill, once per context
+            complete(length, args.new_tokens)
+
+        def sample(length: int, complete=complete) -> float:
+            """n tokens decoded over the cached context: n forwards (its last context token again, then n − 1 new
+            ones) for n tokens, and no prefill to subtract (a 4k-token prefill is 15-20 s here, so its noise
+            would swamp a difference of two calls)."""
+            start = time.perf_counter()
+            wrote = complete(length, args.new_tokens)
+            return 1e3 * (time.perf_counter() - start) / wrote
+
+        timers.append(Timer(f"llama.cpp {label}", label.split()[0], warm, sample))
+    return timers
 
 
 # ---- vLLM (its own venv) ---------------------------------------------------------------------------------------------
@@ -265,22 +362,24 @@ def main(argv: list[str] | None = None) -> int:
 
     target = TargetModel.load(args.target)
     contexts = {int(c): agent_context(target, int(c)) for c in args.contexts.split(",")}
-    bandwidth = copy_bandwidth(target.device)
+    bandwidth, reads = copy_bandwidth(target.device), read_bandwidth(target.device)
     weights, per_token = weight_bytes(target), kv_bytes_per_token(target)
     model_dir = target.model_dir
     del target
     print(f"target {args.target} ({model_dir.split('/')[-1]}), {torch.get_num_threads()} threads, "
           f"{args.new_tokens} new tokens after each context, {args.repeats} repeats (medians); weights "
           f"{weights / 1e6:.0f} MB, KV {per_token / 1e3:.1f} kB/token, copy bandwidth {bandwidth / 1e9:.1f} GB/s "
-          "(measured now)", flush=True)
+          f"(read + write), read bandwidth {reads / 1e9:.1f} GB/s (measured now)", flush=True)
 
-    rows, skipped = [], []
-    for peer in peers:
+    rows, skipped, timers, closers = [], [], [], []
+    for peer in [p for p in peers if p != "vllm"]:  # in-process peers: set up all, then time them interleaved
         try:
             if peer == "ours":
-                rows += ours(args, contexts)
+                mine = Ours(args, contexts)
+                timers += mine.timers
+                closers.append(mine.close)
             elif peer == "hf-generate":
-                rows += hf_generate(args, contexts, model_dir)
+                timers += hf_generate(args, contexts, model_dir)
             elif peer == "llama-cpp":
                 try:
                     import llama_cpp  # noqa: F401
@@ -298,28 +397,70 @@ def main(argv: list[str] | None = None) -> int:
                     f32.parent.mkdir(parents=True, exist_ok=True)
                     f32_gguf(source, f32.with_suffix(".tmp"))
                     f32.with_suffix(".tmp").replace(f32)
-                rows += run_llama_cpp(args, contexts, {"f32": f32, quant: source})
-            elif peer == "vllm":
-                if not (ROOT / ".venv-vllm" / "bin" / "python").exists():
-                    skipped.append("vllm: no .venv-vllm (scripts/setup_vllm.sh)")
-                    continue
-                rows += vllm(args, contexts, model_dir)
+                timers += run_llama_cpp(args, contexts, {"f32": f32, quant: source})
         except Exception as err:  # a peer that fails is reported, never silently dropped
             if os.environ.get("EVALSUITE_DEBUG"):
                 raise
             skipped.append(f"{peer}: failed ({type(err).__name__}: {str(err).splitlines()[0][:160]})")
-        print(f"  {peer}: done", flush=True)
+        print(f"  {peer}: loaded", flush=True)
 
-    print(f"{'engine':30s} {'precision':>9s} {'context':>7s} {'ms/token':>9s} {'÷ floor':>8s} {'τ':>5s} "
-          f"{'× ours ar':>9s}")
+    # every repeat times every engine once, in turn, so that this machine's drift hits all of them alike
+    for length in contexts:
+        times: dict[str, list[float]] = {}
+        for timer in list(timers):
+            try:
+                timer.warm(length)
+                times[timer.engine] = []
+            except Exception as err:
+                if os.environ.get("EVALSUITE_DEBUG"):
+                    raise
+                skipped.append(f"{timer.engine} at {length}: failed ({type(err).__name__}: "
+                               f"{str(err).splitlines()[0][:160]})")
+        for _ in range(args.repeats):
+            for timer in timers:
+                if timer.engine in times:
+                    times[timer.engine].append(timer.sample(length))
+        for timer in timers:
+            if times.get(timer.engine):
+                rows.append({"engine": timer.engine, "precision": timer.precision, "context": length,
+                             "ms": statistics.median(times[timer.engine]), **timer.info.get(length, {})})
+        print(f"  context {length}: timed", flush=True)
+    for close in closers:
+        close()
+
+    if "vllm" in peers:  # its own venv and process: timed apart, with our ar re-timed right after it
+        try:
+            if not (ROOT / ".venv-vllm" / "bin" / "python").exists():
+                skipped.append("vllm: no .venv-vllm (scripts/setup_vllm.sh)")
+            else:
+                rows += vllm(args, contexts, model_dir)
+                if "ours" in peers:
+                    beside = Ours(args, contexts)
+                    for length in contexts:
+                        beside.timers[0].warm(length)
+                        ms = statistics.median(beside.timers[0].sample(length) for _ in range(args.repeats))
+                        rows.append({"engine": "ours ar (after vllm)", "precision": "fp32", "context": length,
+                                     "ms": ms})
+                    beside.close()
+        except Exception as err:
+            if os.environ.get("EVALSUITE_DEBUG"):
+                raise
+            skipped.append(f"vllm: failed ({type(err).__name__}: {str(err).splitlines()[0][:160]})")
+        print("  vllm: done", flush=True)
+
+    print(f"{'engine':30s} {'precision':>9s} {'context':>7s} {'ms/token':>9s} {'÷ floor':>8s} {'÷ read':>7s} "
+          f"{'τ':>5s} {'× ours ar':>9s}")
     for length in contexts:
         floor = 1e3 * (weights + per_token * length) / bandwidth
-        ours_ar = next((r["ms"] for r in rows if r["engine"] == "ours ar" and r["context"] == length), None)
+        read_floor = 1e3 * (weights + per_token * length) / reads
+        def ours(name: str):
+            return next((r["ms"] for r in rows if r["engine"] == name and r["context"] == length), None)
         for row in [r for r in rows if r["context"] == length]:
+            ours_ar = ours("ours ar (after vllm)" if row["engine"].startswith("vllm") else "ours ar")
             ratio = f"{row['ms'] / ours_ar:9.2f}" if ours_ar else f"{'-':>9s}"
             tau = f"{row['tau']:5.2f}" if row.get("tau") else f"{'-':>5s}"
             print(f"{row['engine']:30s} {row['precision']:>9s} {length:7d} {row['ms']:9.2f} "
-                  f"{row['ms'] / floor:8.2f} {tau} {ratio}")
+                  f"{row['ms'] / floor:8.2f} {row['ms'] / read_floor:7.2f} {tau} {ratio}")
     def agree(length: int) -> bool:  # the same greedy tokens, up to an EOS of ours (generate is held from EOS)
         a = next(r["tokens"] for r in rows if r["engine"] == "ours ar" and r["context"] == length)
         b = next(r["tokens"] for r in rows if r["engine"].startswith("hf-gen") and r["context"] == length)

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -26,7 +27,7 @@ def test_the_peers_table_on_a_tiny_target(tiny_llama_dir, tmp_path, capsys):
     rows = json.loads(out.read_text())
     engines_seen = {(r["engine"], r["context"]) for r in rows["rows"]}
     for context in (48, 96):
-        for name in ("ours ar", "ours ngram", "ours verify-8", "hf-generate (static cache)"):
+        for name in ("ours ar", "ours ngram", "ours verify-8", "ours weight products", "hf-generate (static cache)"):
             assert (name, context) in engines_seen
     assert all(r["ms"] > 0 for r in rows["rows"])
     # llama.cpp either is not installed or has no GGUF for a local directory: named, not dropped
@@ -37,3 +38,22 @@ def test_the_peers_table_on_a_tiny_target(tiny_llama_dir, tmp_path, capsys):
 def test_an_unknown_peer_is_a_one_line_error(capsys):
     assert engines.main(["--peers", "ours,tensorrt"]) == 2
     assert capsys.readouterr().err.strip() == "error: --peers tensorrt: choose from ours, hf-generate, llama-cpp, vllm"
+
+
+def test_a_decode_difference_divides_by_the_tokens_written(monkeypatch):
+    """A peer that stops at EOS after 30 of 64 asked tokens: per-token time over the 29 extra tokens it wrote, not
+    over 63 (the old reading, which made llama.cpp look twice as fast as it is)."""
+    clock = [0.0]
+    monkeypatch.setattr(engines.time, "perf_counter", lambda: clock[0])
+
+    def run(n):  # 0.1 s of prefill, then 10 ms per token, up to an EOS after 30 tokens
+        wrote = min(n, 30)
+        clock[0] += 0.1 + 0.01 * wrote
+        return wrote
+    assert abs(engines.decode_difference(run, 64)(512) - 10.0) < 1e-9
+
+    def silent(n):
+        clock[0] += 0.1
+        return 1
+    with pytest.raises(RuntimeError, match="asked for 64 tokens, wrote 1: nothing to time"):
+        engines.decode_difference(silent, 64)(512)
