@@ -23,6 +23,10 @@ for method in "${METHODS[@]}"; do
   cp "$SRC/$method"/{config.json,model.safetensors,MODEL_CARD.md,training_report.json} "$dest/"
   echo "shipped $method to $dest"
 done
-shopt -s nullglob
-files=("$ROOT"/{dlite,eagle3,dflash,dspark}/model.safetensors)
-[ ${#files[@]} -gt 0 ] && du -cb "${files[@]}" | tail -1
+files=()
+for method in dlite eagle3 dflash dspark; do
+  [ -f "$ROOT/$method/model.safetensors" ] && files+=("$ROOT/$method/model.safetensors")
+done
+if [ ${#files[@]} -gt 0 ]; then
+  echo "shipped in $ROOT: $(du -cb "${files[@]}" | tail -1 | cut -f1) bytes in ${#files[@]} drafter(s)"
+fi

@@ -108,3 +108,30 @@ def test_the_checkpoint_writer_drops_where_a_config_was_loaded_from(tmp_path):
     text = (tmp_path / "ckpt" / "config.json").read_text()
     assert json.loads(text) == {"hidden_size": 8, "nested": {"keep": 1}}
     assert str(tmp_path) not in text
+
+
+QWEN_ROOT = DEFAULT_DRAFTER_ROOT / "qwen2.5-coder-0.5b"  # the 32k target's drafters, shipped as each finishes
+QWEN_BUDGET_BYTES = 60_000_000
+
+
+def _qwen_shipped() -> list[str]:
+    return [m for m in METHODS if (QWEN_ROOT / m / "model.safetensors").exists()]
+
+
+def test_the_32k_targets_shipped_drafters_carry_their_cards_hashes_and_fit_the_budget():
+    shipped = _qwen_shipped()
+    assert "dlite" in shipped  # the first finished (issue #31); the others join as their training ends
+    total = 0
+    for method in shipped:
+        directory = QWEN_ROOT / method
+        assert detect_method(read_config(directory)) == method
+        card = (directory / "MODEL_CARD.md").read_text()
+        recorded = re.search(r"drafter sha256 .*?`([0-9a-f]{64})`", card).group(1)
+        assert recorded == checkpoint_sha256(directory), method
+        report = json.loads((directory / "training_report.json").read_text())
+        assert report["checkpoint_sha256"] == recorded and report["method"] == method
+        assert report["target"].startswith("Qwen/Qwen2.5-Coder-0.5B-Instruct"), report["target"]
+        assert re.fullmatch(r"[0-9a-f]{64}", report["target_sha256"])
+        assert "| gsm8k | all |" in card, f"{method}: no held-out GSM8K row in its card"
+        total += (directory / "model.safetensors").stat().st_size
+    assert total <= QWEN_BUDGET_BYTES, total
