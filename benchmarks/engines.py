@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -86,20 +87,26 @@ class Timer:
     info: dict = field(default_factory=dict)  # context → extra row fields
 
 
-def decode_difference(run: Callable[[int], int], new_tokens: int) -> Callable[[int], float]:
+def decode_difference(run: Callable[[int], int], new_tokens: int) -> float:
     """ms per new token of a peer that prefills inside its own call: `run(n)` asks for n tokens and returns how
     many it wrote; (time of the n-token call − time of the 1-token call) ÷ (tokens written − tokens written by the
     1-token call), so the prefill cancels and a call that wrote fewer tokens than asked is still divided right."""
-    def sample(_length: int) -> float:
-        start = time.perf_counter()
-        wrote_one = run(1)
-        middle = time.perf_counter()
-        wrote = run(new_tokens)
-        end = time.perf_counter()
-        if wrote - wrote_one < 1:
-            raise RuntimeError(f"asked for {new_tokens} tokens, wrote {wrote}: nothing to time")
-        return 1e3 * ((end - middle) - (middle - start)) / (wrote - wrote_one)
-    return sample
+    start = time.perf_counter()
+    wrote_one = run(1)
+    middle = time.perf_counter()
+    wrote = run(new_tokens)
+    end = time.perf_counter()
+    if wrote - wrote_one < 1:
+        raise RuntimeError(f"asked for {new_tokens} tokens, wrote {wrote}: nothing to time")
+    return 1e3 * ((end - middle) - (middle - start)) / (wrote - wrote_one)
+
+
+def failure(what: str, err: Exception) -> str:
+    """The one line a failed peer leaves in the table's `skipped` list (EVALSUITE_DEBUG=1: the traceback)."""
+    if os.environ.get("EVALSUITE_DEBUG"):
+        raise err
+    first = (str(err).splitlines() or [""])[0]
+    return f"{what}: failed ({type(err).__name__}: {first[:160]})"
 
 
 def read_bandwidth(device: torch.device, megabytes: int = 256, repeats: int = 5) -> float:
@@ -124,9 +131,17 @@ class Ours:
                            k=7, threads=torch.get_num_threads())
         self.engine = HfEngine(config)
         self.engine.start(["ar", "ngram"], torch.get_num_threads())
-        self.contexts, self.repeats = contexts, args.repeats
-        self.current = None
-        self.timers = [Timer(f"ours {m}", "fp32", self._warm, self._decoder(m)) for m in ("ar", "ngram")]
+        self.contexts = contexts
+        self.current = self.warmed = None
+        target = self.engine.target
+        if target.fused is None:
+            self.weights = [m.weight for m in target.model.modules() if isinstance(m, torch.nn.Linear)]
+        else:
+            self.weights = [w for layer in target.fused.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+            self.weights.append(target.fused.head)
+        self.rows = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device) for w in self.weights}
+        self.timers = [Timer(f"ours {m}", "fp32", self._warm, self._decoder(m, info), info)
+                       for m, info in (("ar", {}), ("ngram", {}))]
         self.timers += [Timer("ours verify-8", "fp32", self._warm, self._verify),
                         Timer("ours weight products", "fp32", self._warm, self._products)]
 
@@ -137,21 +152,30 @@ class Ours:
         return self.contexts[length]
 
     def _warm(self, length: int) -> None:
+        """Every shape of this context, untimed, once (the four rows share it)."""
+        if self.warmed == length:
+            return
         ids = self._at(length)
         for method in ("ar", "ngram"):
             self.engine.decode(method, ids, 0)
         self._verify(length)
         self._products(length)
+        self.warmed = length
 
-    def _decoder(self, method: str) -> Callable[[int], float]:
+    def ar_again(self, length: int, repeats: int) -> float:
+        """Our `ar` at `length` warmed up and timed anew (after another engine has had the machine)."""
+        self.warmed = None
+        self._warm(length)
+        return statistics.median(self.timers[0].sample(length) for _ in range(repeats))
+
+    def _decoder(self, method: str, info: dict) -> Callable[[int], float]:
         from evalsuite.metrics import tau_of
 
         def sample(length: int) -> float:
             result = self.engine.decode(method, self._at(length), 0)
             steps = result.steps
-            timer = next(t for t in self.timers if t.engine == f"ours {method}")
             tau = tau_of([s.num_accepted for s in steps], [s.budget_limited for s in steps])
-            timer.info[length] = {"tau": round(tau, 2) if method != "ar" else None, "tokens": result.output_ids}
+            info[length] = {"tau": round(tau, 2) if method != "ar" else None, "tokens": result.output_ids}
             return 1e3 * result.decode_s / len(result.output_ids)
         return sample
 
@@ -167,21 +191,10 @@ class Ours:
         return 1e3 * median_time(verify, 5)
 
     def _products(self, length: int) -> float:
-        import torch.nn.functional as F
-
-        target = self.engine.target
-        fused = target.fused
-        if fused is None:
-            weights = [m.weight for m in target.model.modules() if isinstance(m, torch.nn.Linear)]
-        else:
-            weights = [w for layer in fused.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-            weights.append(fused.head)
-        rows = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
-
         def products():
             with torch.inference_mode():
-                for w in weights:
-                    F.linear(rows[w.shape[1]], w)
+                for w in self.weights:
+                    F.linear(self.rows[w.shape[1]], w)
         return 1e3 * median_time(products, 5)
 
     def close(self) -> None:
@@ -207,8 +220,7 @@ def hf_generate(args, contexts: dict[int, list[int]], model_dir: str) -> list[Ti
         tokens[length] = {"tokens": out[0, len(contexts[length]):].tolist()}
 
     def sample(length: int) -> float:
-        return decode_difference(lambda n: generate(length, n).shape[1] - len(contexts[length]),
-                                 args.new_tokens)(length)
+        return decode_difference(lambda n: generate(length, n).shape[1] - len(contexts[length]), args.new_tokens)
 
     return [Timer("hf-generate (static cache)", "fp32", warm, sample, tokens)]
 
@@ -371,13 +383,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{weights / 1e6:.0f} MB, KV {per_token / 1e3:.1f} kB/token, copy bandwidth {bandwidth / 1e9:.1f} GB/s "
           f"(read + write), read bandwidth {reads / 1e9:.1f} GB/s (measured now)", flush=True)
 
-    rows, skipped, timers, closers = [], [], [], []
+    rows, skipped, timers, mine = [], [], [], None
     for peer in [p for p in peers if p != "vllm"]:  # in-process peers: set up all, then time them interleaved
         try:
             if peer == "ours":
                 mine = Ours(args, contexts)
                 timers += mine.timers
-                closers.append(mine.close)
             elif peer == "hf-generate":
                 timers += hf_generate(args, contexts, model_dir)
             elif peer == "llama-cpp":
@@ -399,9 +410,7 @@ def main(argv: list[str] | None = None) -> int:
                     f32.with_suffix(".tmp").replace(f32)
                 timers += run_llama_cpp(args, contexts, {"f32": f32, quant: source})
         except Exception as err:  # a peer that fails is reported, never silently dropped
-            if os.environ.get("EVALSUITE_DEBUG"):
-                raise
-            skipped.append(f"{peer}: failed ({type(err).__name__}: {str(err).splitlines()[0][:160]})")
+            skipped.append(failure(peer, err))
         print(f"  {peer}: loaded", flush=True)
 
     # every repeat times every engine once, in turn, so that this machine's drift hits all of them alike
@@ -412,10 +421,7 @@ def main(argv: list[str] | None = None) -> int:
                 timer.warm(length)
                 times[timer.engine] = []
             except Exception as err:
-                if os.environ.get("EVALSUITE_DEBUG"):
-                    raise
-                skipped.append(f"{timer.engine} at {length}: failed ({type(err).__name__}: "
-                               f"{str(err).splitlines()[0][:160]})")
+                skipped.append(failure(f"{timer.engine} at {length}", err))
         for _ in range(args.repeats):
             for timer in timers:
                 if timer.engine in times:
@@ -425,8 +431,6 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"engine": timer.engine, "precision": timer.precision, "context": length,
                              "ms": statistics.median(times[timer.engine]), **timer.info.get(length, {})})
         print(f"  context {length}: timed", flush=True)
-    for close in closers:
-        close()
 
     if "vllm" in peers:  # its own venv and process: timed apart, with our ar re-timed right after it
         try:
@@ -434,19 +438,14 @@ def main(argv: list[str] | None = None) -> int:
                 skipped.append("vllm: no .venv-vllm (scripts/setup_vllm.sh)")
             else:
                 rows += vllm(args, contexts, model_dir)
-                if "ours" in peers:
-                    beside = Ours(args, contexts)
-                    for length in contexts:
-                        beside.timers[0].warm(length)
-                        ms = statistics.median(beside.timers[0].sample(length) for _ in range(args.repeats))
-                        rows.append({"engine": "ours ar (after vllm)", "precision": "fp32", "context": length,
-                                     "ms": ms})
-                    beside.close()
+                if mine is not None:
+                    rows += [{"engine": "ours ar (after vllm)", "precision": "fp32", "context": length,
+                              "ms": mine.ar_again(length, args.repeats)} for length in contexts]
         except Exception as err:
-            if os.environ.get("EVALSUITE_DEBUG"):
-                raise
-            skipped.append(f"vllm: failed ({type(err).__name__}: {str(err).splitlines()[0][:160]})")
+            skipped.append(failure("vllm", err))
         print("  vllm: done", flush=True)
+    if mine is not None:
+        mine.close()
 
     print(f"{'engine':30s} {'precision':>9s} {'context':>7s} {'ms/token':>9s} {'÷ floor':>8s} {'÷ read':>7s} "
           f"{'τ':>5s} {'× ours ar':>9s}")

@@ -81,11 +81,9 @@ def tie_clause(noise: pd.DataFrame, ranked: pd.DataFrame, task: str) -> str:
         return ""
     best, runner = cells.iloc[0], cells.iloc[1]
     level = combined_noise(noise, task, best.method, runner.method)
-    if not np.isfinite(level) or not np.isfinite(runner.ratio_to_best):
-        return ""
-    gap = abs(float(runner.ratio_to_best) - 1.0)  # the paired ratio best / runner-up
-    if is_tie(level, float(runner.ratio_to_best)):
-        return (f" (their {gap:.1%} difference is below the timing noise of {level:.1%}, √(CV² + CV²) of the two: "
+    ratio = float(runner.ratio_to_best)  # the paired ratio best / runner-up
+    if is_tie(level, ratio):
+        return (f" (their {abs(ratio - 1.0):.1%} difference is below the timing noise of {level:.1%}, √(CV² + CV²) of the two: "
                 "a tie)")
     return ""
 
