@@ -135,8 +135,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--layouts", default="auto",
                         help="comma-separated engines to time side by side: a --weight-layout each (auto, fused, "
-                             "column-major+onednn, ...), optionally +dynamic for transformers' DynamicCache or "
-                             "+graphs for the fused decoder's CUDA-graph replays (--device cuda)")
+                             "column-major+onednn, ...), optionally +dynamic for transformers' DynamicCache, "
+                             "+graphs for the fused decoder's CUDA-graph replays (--device cuda) or +sdpa for the "
+                             "fused decoder with SDPA for verify blocks too (the CPU default attends by GEMMs)")
     parser.add_argument("--threads", default=None,
                         help="comma-separated thread counts, each timed as its own variant (default: torch's)")
     parser.add_argument("--compile", action="store_true", help="also time the HF decoder with --compile")
@@ -145,19 +146,28 @@ def main() -> None:
 
     thread_counts = [int(t) for t in args.threads.split(",")] if args.threads else [torch.get_num_threads()]
     variants = {}
+    block_attention = {}
     for spec in args.layouts.split(","):
         graphs = spec.endswith("+graphs")
-        layout = spec.removesuffix("+graphs").removesuffix("+dynamic")
+        layout = spec.removesuffix("+graphs").removesuffix("+dynamic").removesuffix("+sdpa")
         variants[spec] = dict(weight_layout=layout or "auto", cuda_graphs="on" if graphs else "off",
                               kv_cache="dynamic" if spec.endswith("+dynamic") else "static")
+        block_attention[spec] = "sdpa" if spec.endswith("+sdpa") else None
     if args.compile:
         variants["column-major+compile"] = dict(weight_layout="column-major", kv_cache="static", compile=True)
     loaded = {name: load(args, **options) for name, options in variants.items()}
+    for name, target in loaded.items():
+        if block_attention.get(name):
+            if target.fused is None:
+                raise SystemExit(f"--layouts {name}: +sdpa needs the fused decoder")
+            target.fused.block_attention = block_attention[name]
     targets = {}
     for name, target in loaded.items():
         for threads in thread_counts:
             label = f"{target.weight_layout}{'+dynamic' if target.kv_cache == 'dynamic' else ''}" + \
                 ("+graphs" if target.cuda_graphs == "on" else "") + \
+                ("+sdpa" if target.fused is not None and target.fused.block_attention == "sdpa"
+                 and target.device.type == "cpu" else "") + \
                 (f"/{threads}t" if len(thread_counts) > 1 or args.threads else "")
             targets[label] = (target, threads)
     contexts = [int(c) for c in args.contexts.split(",")]

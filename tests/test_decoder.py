@@ -50,10 +50,12 @@ def _close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
     assert float((a - b).abs().max()) <= 1e-4 * scale, what
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_blocks_after_a_growing_context_match_eager(pair, packed):
+@pytest.mark.parametrize("packed,attention", [(False, "gemm"), (True, "gemm"), (True, "sdpa")])
+def test_blocks_after_a_growing_context_match_eager(pair, packed, attention):
+    """Both block attentions (the CPU's GEMMs over a reused score buffer, and SDPA) against eager code."""
     fused, eager = pair
     fused.prepare_blocks(K + 1 if packed else 1)
+    fused.fused.block_attention = attention
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 260, (300,), generator=generator)
     fc, ec = fused.new_cache(), eager.new_cache()
@@ -75,6 +77,7 @@ def test_blocks_after_a_growing_context_match_eager(pair, packed):
             fc.crop_to(keep)
             ec.crop_to(keep)
     fused.prepare_blocks(1)
+    fused.fused.block_attention = "gemm"
 
 
 def test_greedy_decode_matches_eager_token_for_token(pair):

@@ -10,6 +10,13 @@ down product. Verify blocks are padded to a fixed row count whose weights MKL pa
 the padded rows come after the real ones, so causality keeps them from changing any real row, and their K/V are
 cropped away before the call returns.
 
+Attention of a verify block on the CPU in fp32 (2 … BLOCK_ATTENTION_ROWS rows): two batched GEMMs and a softmax
+in a reused score buffer (`_block_attention`), the causal mask only on the block's own columns. A block's folded
+query rows (query heads per K/V head × rows: 56 for an 8-token block of Qwen2.5-0.5B) make its attention
+compute-bound at long contexts; there the GEMMs took 0.60–0.66× the time of SDPA's CPU flash kernel at 8k–32k
+(Qwen2.5-0.5B's shape, 2 threads) and 0.87–0.91× at 4k–8k for SmolLM2's 24 rows. A one-token decode
+(memory-bound, where SDPA was 6–50 % faster) and prefill chunks keep SDPA.
+
 Supported: decoder-only Llama / Mistral / Qwen2 / Qwen3 (`supported`), full attention in every layer, SiLU MLP.
 Numerics: the same math as transformers' eager code in the same dtype (tests/test_decoder.py compares logits,
 hidden states and greedy tokens), not the same summation order, so the last bits of a logit may differ.
@@ -28,6 +35,7 @@ import torch.nn.functional as F
 _ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 PREFILL_CHUNK = 1024  # rows per forward of a long prefill: bounds the mask and the MLP activations
 MIN_PACKED_ROWS = 3  # blocks of 1-2 rows run on the plain product, which is cheaper there than a padded block
+BLOCK_ATTENTION_ROWS = 32  # CPU blocks of 2 … this many rows attend by `_block_attention` (scores held in memory)
 
 
 def _mkl_packing_available() -> bool:
@@ -123,6 +131,10 @@ class FusedDecoder:
         self._cos = self._sin = None
         self.block_rows = 0  # verify blocks of MIN_PACKED_ROWS … block_rows rows are padded to block_rows
         self.device = self.embed.device
+        # "gemm": CPU verify blocks attend by `_block_attention`; "sdpa": every forward by SDPA (the A/B in
+        # benchmarks/context_cost.py, layout suffix +sdpa)
+        self.block_attention = "gemm" if self.device.type == "cpu" else "sdpa"
+        self._scores = torch.empty(0, dtype=self.embed.dtype, device=self.device)  # `_block_attention`'s buffer
 
     # ---- set-up ------------------------------------------------------------------------------------------
     def prepare_blocks(self, rows: int) -> bool:
@@ -189,12 +201,19 @@ class FusedDecoder:
         self._positions(end, x)
         cos = self._cos[start:end].view(1, rows, 1, self.head_dim)
         sin = self._sin[start:end].view(1, rows, 1, self.head_dim)
-        mask = None
-        if rows > 1:  # query row i (absolute start + i) sees key columns 0 … start + i; folded rows g·rows + i
+        if rows == 1:
+            attend = self._sdpa(None)
+        elif self.block_attention == "gemm" and rows <= BLOCK_ATTENTION_ROWS and x.dtype == torch.float32:
+            # within the block, row i sees its columns 0 … i (every row sees all the cached columns before it)
+            own = torch.ones(rows, rows, dtype=torch.bool, device=self.device).tril()
+            bias = torch.zeros(rows, rows, dtype=x.dtype, device=self.device).masked_fill_(~own, float("-inf"))
+            attend = self._block_attention(bias.repeat(self.groups, 1), batch * self.kv_heads, rows, end)
+        else:  # query row i (absolute start + i) sees key columns 0 … start + i; folded rows g·rows + i
             allowed = torch.arange(end, device=self.device).view(1, end) <= \
                 torch.arange(start, end, device=self.device).view(rows, 1)
-            mask = allowed.repeat(self.groups, 1)
-        x, hidden = self._layers(x, [layer.update for layer in cache.layers], cos, sin, mask, batch, rows, layer_ids)
+            attend = self._sdpa(allowed.repeat(self.groups, 1))
+        x, hidden = self._layers(x, [layer.update for layer in cache.layers], cos, sin, attend, batch, rows,
+                                 layer_ids)
         if pad:
             cache.crop_to(start + n)
         if hidden is not None:
@@ -220,7 +239,7 @@ class FusedDecoder:
         cos = self._cos.index_select(0, positions).view(1, rows, 1, self.head_dim)
         sin = self._sin.index_select(0, positions).view(1, rows, 1, self.head_dim)
         columns = torch.arange(span, device=positions.device).view(1, span)
-        mask = (columns <= positions.view(rows, 1)).repeat(self.groups, 1)
+        attend = self._sdpa((columns <= positions.view(rows, 1)).repeat(self.groups, 1))
 
         def writer(keys: torch.Tensor, values: torch.Tensor):
             def write(k, v):
@@ -229,22 +248,51 @@ class FusedDecoder:
                 return keys[:, :, :span], values[:, :, :span]
             return write
 
-        x, hidden = self._layers(x, [writer(k, v) for k, v in buffers], cos, sin, mask, 1, rows, layer_ids)
+        x, hidden = self._layers(x, [writer(k, v) for k, v in buffers], cos, sin, attend, 1, rows, layer_ids)
         return self._linear(x, self.head, self.head_packed), hidden
+
+    # ---- attention: (folded queries [batch, kv_heads, groups·rows, dim], keys, values) → the same shape -----
+    def _sdpa(self, mask: torch.Tensor | None):
+        def attend(folded, keys, values):
+            return F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask, scale=self.scaling)
+        return attend
+
+    def _block_attention(self, bias: torch.Tensor, heads: int, rows: int, end: int):
+        """Softmax attention of a block of `rows` tokens whose K/V are the last `rows` of `end` columns, for
+        `heads` = batch × K/V heads: scores = q·Kᵀ·scale in one buffer reused by every layer, `bias` [groups·rows,
+        rows] (0 / −inf) added to the block's own columns, the softmax taken in place, then P·V. The math of
+        transformers' eager attention, in another summation order than SDPA's."""
+        folded_rows = self.groups * rows
+        size = heads * folded_rows * end
+        if self._scores.numel() < size:
+            self._scores = torch.empty(size, dtype=bias.dtype, device=self.device)
+        scores = self._scores[:size].view(heads, folded_rows, end)
+        own = scores[:, :, end - rows:]
+
+        def attend(folded, keys, values):
+            shape = folded.shape
+            torch.bmm(folded.reshape(heads, folded_rows, self.head_dim) * self.scaling,
+                      keys.reshape(heads, end, self.head_dim).transpose(1, 2), out=scores)
+            own.add_(bias)
+            scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
+            total = scores.sum(dim=-1, keepdim=True)
+            return torch.bmm(scores, values.reshape(heads, end, self.head_dim)).div_(total).view(shape)
+        return attend
 
     def ensure_positions(self, end: int) -> None:
         """Rotary rows for positions [0, end), in the model dtype (before a capture: `forward_at` only gathers)."""
         self._positions(end, self.embed[:1])
 
-    def _layers(self, x, writers, cos, sin, mask, batch: int, rows: int, layer_ids: tuple[int, ...]):
+    def _layers(self, x, writers, cos, sin, attend, batch: int, rows: int, layer_ids: tuple[int, ...]):
         """Every decoder layer and the final norm; `writers[i](k, v)` stores layer i's new K/V and returns the K/V
-        to attend over. Returns (x, hidden [batch, rows, len(layer_ids), H] or None)."""
+        to attend over, `attend(folded, keys, values)` is the forward's attention. Returns (x, hidden [batch, rows,
+        len(layer_ids), H] or None)."""
         wanted = {j + 1: None for j in layer_ids}
         if 0 in wanted:
             wanted[0] = x
         last_layer = len(self.layers)
         for index, (layer, write) in enumerate(zip(self.layers, writers)):
-            x = self._layer(x, layer, write, cos, sin, mask, batch, rows)
+            x = self._layer(x, layer, write, cos, sin, attend, batch, rows)
             if index + 1 in wanted and index + 1 != last_layer:
                 wanted[index + 1] = x
         x = F.rms_norm(x, (self.hidden,), self.final_norm, self.eps)
@@ -253,7 +301,7 @@ class FusedDecoder:
         hidden = torch.stack([wanted[j + 1] for j in layer_ids], dim=2) if layer_ids else None
         return x, hidden
 
-    def _layer(self, x, layer: _Layer, write, cos, sin, mask, batch: int, rows: int):
+    def _layer(self, x, layer: _Layer, write, cos, sin, attend, batch: int, rows: int):
         heads, kv_heads, dim, groups = self.heads, self.kv_heads, self.head_dim, self.groups
         packed = layer.packed or {}
         h = F.rms_norm(x, (self.hidden,), layer.norm1, self.eps)
@@ -273,7 +321,7 @@ class FusedDecoder:
         # query head kv·groups + g → row g·rows + i of KV head kv: each K/V head is read once
         folded = q.reshape(batch, rows, kv_heads, groups, dim).permute(0, 2, 3, 1, 4).reshape(
             batch, kv_heads, groups * rows, dim)
-        out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask, scale=self.scaling)
+        out = attend(folded, keys, values)
         out = out.view(batch, kv_heads, groups, rows, dim).permute(0, 3, 1, 2, 4).reshape(batch, rows, q_width)
         x = x + self._linear(out, layer.o, packed.get("o"))
         h = F.rms_norm(x, (self.hidden,), layer.norm2, self.eps)
