@@ -11,11 +11,12 @@ the padded rows come after the real ones, so causality keeps them from changing 
 cropped away before the call returns.
 
 Attention of a verify block on the CPU in fp32 (2 … BLOCK_ATTENTION_ROWS rows): two batched GEMMs and a softmax
-in a reused score buffer (`_block_attention`), the causal mask only on the block's own columns. A block's folded
-query rows (query heads per K/V head × rows: 56 for an 8-token block of Qwen2.5-0.5B) make its attention
-compute-bound at long contexts; there the GEMMs took 0.60–0.66× the time of SDPA's CPU flash kernel at 8k–32k
-(Qwen2.5-0.5B's shape, 2 threads) and 0.87–0.91× at 4k–8k for SmolLM2's 24 rows. A one-token decode
-(memory-bound, where SDPA was 6–50 % faster) and prefill chunks keep SDPA.
+in a reused score buffer (`_block_attention`), the causal mask only on the block's own columns, and no attention
+for the rows that pad a block to the packed row count. A block's folded query rows (query heads per K/V head ×
+rows: 56 for an 8-token block of Qwen2.5-0.5B) make its attention compute-bound at long contexts; there the GEMMs
+took 0.60–0.66× the time of SDPA's CPU flash kernel at 8k–32k (Qwen2.5-0.5B's shape, 2 threads, a
+microbenchmark) and 0.87–0.91× at 4k–8k for SmolLM2's 24 rows. A one-token decode (memory-bound, where SDPA was
+6–50 % faster) and prefill chunks keep SDPA.
 
 Supported: decoder-only Llama / Mistral / Qwen2 / Qwen3 (`supported`), full attention in every layer, SiLU MLP.
 Numerics: the same math as transformers' eager code in the same dtype (tests/test_decoder.py compares logits,
@@ -205,9 +206,9 @@ class FusedDecoder:
             attend = self._sdpa(None)
         elif self.block_attention == "gemm" and rows <= BLOCK_ATTENTION_ROWS and x.dtype == torch.float32:
             # within the block, row i sees its columns 0 … i (every row sees all the cached columns before it)
-            own = torch.ones(rows, rows, dtype=torch.bool, device=self.device).tril()
-            bias = torch.zeros(rows, rows, dtype=x.dtype, device=self.device).masked_fill_(~own, float("-inf"))
-            attend = self._block_attention(bias.repeat(self.groups, 1), batch * self.kv_heads, rows, end)
+            own = torch.ones(n, rows, dtype=torch.bool, device=self.device).tril()
+            bias = torch.zeros(n, rows, dtype=x.dtype, device=self.device).masked_fill_(~own, float("-inf"))
+            attend = self._block_attention(bias.repeat(self.groups, 1), batch * self.kv_heads, rows, n, end)
         else:  # query row i (absolute start + i) sees key columns 0 … start + i; folded rows g·rows + i
             allowed = torch.arange(end, device=self.device).view(1, end) <= \
                 torch.arange(start, end, device=self.device).view(rows, 1)
@@ -257,26 +258,32 @@ class FusedDecoder:
             return F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask, scale=self.scaling)
         return attend
 
-    def _block_attention(self, bias: torch.Tensor, heads: int, rows: int, end: int):
+    def _block_attention(self, bias: torch.Tensor, heads: int, rows: int, real: int, end: int):
         """Softmax attention of a block of `rows` tokens whose K/V are the last `rows` of `end` columns, for
-        `heads` = batch × K/V heads: scores = q·Kᵀ·scale in one buffer reused by every layer, `bias` [groups·rows,
-        rows] (0 / −inf) added to the block's own columns, the softmax taken in place, then P·V. The math of
-        transformers' eager attention, in another summation order than SDPA's."""
-        folded_rows = self.groups * rows
-        size = heads * folded_rows * end
+        `heads` = batch × K/V heads and the first `real` rows only (the padded rows after them get zeros: their
+        outputs are dropped, and causality keeps them out of every real row): scores = q·Kᵀ·scale in one buffer
+        reused by every layer, `bias` [groups·real, rows] (0 / −inf) added to the block's own columns, the softmax
+        taken in place, then P·V. The math of transformers' eager attention, in another summation order than
+        SDPA's."""
+        groups, dim = self.groups, self.head_dim
+        size = heads * groups * real * end
         if self._scores.numel() < size:
             self._scores = torch.empty(size, dtype=bias.dtype, device=self.device)
-        scores = self._scores[:size].view(heads, folded_rows, end)
+        scores = self._scores[:size].view(heads, groups * real, end)
         own = scores[:, :, end - rows:]
 
         def attend(folded, keys, values):
-            shape = folded.shape
-            torch.bmm(folded.reshape(heads, folded_rows, self.head_dim) * self.scaling,
-                      keys.reshape(heads, end, self.head_dim).transpose(1, 2), out=scores)
+            query = folded.view(heads, groups, rows, dim)[:, :, :real].reshape(heads, groups * real, dim)
+            torch.bmm(query * self.scaling, keys.reshape(heads, end, dim).transpose(1, 2), out=scores)
             own.add_(bias)
             scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
             total = scores.sum(dim=-1, keepdim=True)
-            return torch.bmm(scores, values.reshape(heads, end, self.head_dim)).div_(total).view(shape)
+            out = torch.bmm(scores, values.reshape(heads, end, dim)).div_(total)
+            if real == rows:
+                return out.view(folded.shape)
+            padded = folded.new_zeros(heads, groups, rows, dim)
+            padded[:, :, :real] = out.view(heads, groups, real, dim)
+            return padded.view(folded.shape)
         return attend
 
     def ensure_positions(self, end: int) -> None:
