@@ -13,7 +13,8 @@
 # What it measures, per context point: τ, per-position acceptance, draft ms, draft state bytes and the paired
 # speedup of each method against `ar` (the within-trajectory context effect in the report), and first the target's
 # own costs against context: benchmarks/context_cost.py at 1k, 8k, 16k and 32k (decode, verify of 2/4/8 tokens,
-# the memory floor measured in the same run) into benchmarks/results/context_cost_qwen_cpu.txt.
+# the memory floor measured in the same run) into the report's context_cost_cpu.txt (once; a resumed study keeps
+# it). benchmarks/results/context_cost_qwen_cpu.txt holds the GEMM / SDPA block-attention A/B.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,9 +45,10 @@ if [ -z "$LIMIT_IDS" ]; then
     --count "$COUNT")
 fi
 mkdir -p "$STAGE/runs"
-if [ -z "${SKIP_COST:-}" ]; then
-  "$PY" benchmarks/context_cost.py --target "$TARGET" --contexts 1024,8192,16384,32000 --layouts auto \
-    --repeats 5 > benchmarks/results/context_cost_qwen_cpu.txt
+if [ -z "${SKIP_COST:-}" ] && [ ! -s "$STAGE/context_cost_cpu.txt" ]; then  # the engine's costs, beside the study
+  COST=(benchmarks/context_cost.py --target "$TARGET" --contexts 1024,8192,16384,32000 --layouts auto --repeats 5)
+  { echo "# python ${COST[*]}  (commit $(git rev-parse --short HEAD), $(date -u +%F))"; "$PY" "${COST[@]}"; } \
+    > "$STAGE/context_cost_cpu.txt.tmp" && mv "$STAGE/context_cost_cpu.txt.tmp" "$STAGE/context_cost_cpu.txt"
 fi
 $EVALSUITE run --target "$TARGET" --method "$METHODS" --task swebench --subset "$SUBSET" --sample-ids "$LIMIT_IDS" \
   --context-points "$POINTS" --max-new-tokens "$NEW_TOKENS" --repeats "$REPEATS" --seed 0 --resume \
