@@ -335,8 +335,9 @@ def vllm(args, contexts: dict[int, list[int]], model_dir: str) -> list[dict]:
                                     "max_len": max(contexts) + args.new_tokens + 16}))
         script = Path(tmp) / "bench.py"
         script.write_text(VLLM_SCRIPT)
+        threads = torch.get_num_threads()
         env = {**{k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))},
-               "VLLM_CPU_OMP_THREADS_BIND": f"0-{torch.get_num_threads() - 1}", "OMP_NUM_THREADS": str(torch.get_num_threads()),
+               "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "OMP_NUM_THREADS": str(threads),
                "VLLM_CPU_KVCACHE_SPACE": "2"}
         done = subprocess.run([str(python), str(script), str(spec)], capture_output=True, text=True, env=env,
                               timeout=1800)

@@ -83,8 +83,8 @@ def tie_clause(noise: pd.DataFrame, ranked: pd.DataFrame, task: str) -> str:
     level = combined_noise(noise, task, best.method, runner.method)
     ratio = float(runner.ratio_to_best)  # the paired ratio best / runner-up
     if is_tie(level, ratio):
-        return (f" (their {abs(ratio - 1.0):.1%} difference is below the timing noise of {level:.1%}, √(CV² + CV²) of the two: "
-                "a tie)")
+        return (f" (their {abs(ratio - 1.0):.1%} difference is below the timing noise of {level:.1%}, "
+                "√(CV² + CV²) of the two: a tie)")
     return ""
 
 
