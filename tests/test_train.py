@@ -122,6 +122,36 @@ def test_an_interrupted_run_resumes_to_the_same_weights(setup, tmp_path):
             torch.testing.assert_close(resumed[key][name], value, rtol=0, atol=0, msg=f"{key}.{name}")
 
 
+def test_the_card_gives_cpu_time_beside_wall_time_and_a_resume_from_an_older_state_says_from_which_step(
+        setup, tmp_path):
+    from evalsuite.train.card import _cpu_clause
+
+    method = "dflash"  # one stage
+    target, cache, recipe, _ = _recipe(setup, method)
+    options = LoopOptions(val_every=10, val_anchors=24, val_fraction=0.15, checkpoint_every=2)
+    history = Trainer(tmp_path / "fresh", cache, recipe.modules(), recipe.stages(6), options).run()
+    assert history.cpu_seconds > 0 and history.cpu_from_step == 0
+    report = {"steps": 6, "training_seconds": history.seconds, "training_cpu_seconds": history.cpu_seconds,
+              "training_cpu_from_step": history.cpu_from_step}
+    assert "CPU-minutes over all threads;" in _cpu_clause(report) and "over steps" not in _cpu_clause(report)
+
+    # a state written before CPU time was recorded (no such keys): it counts from the step resumed at
+    out = tmp_path / "old"
+    Trainer(out, cache, recipe.modules(), recipe.stages(6), options).run()
+    state = torch.load(out / "train_state.pt", weights_only=True)
+    del state["history"]["cpu_seconds"], state["history"]["cpu_from_step"]
+    state["history"]["step"] = 4
+    state["history"]["stage"] = 0
+    torch.save(state, out / "train_state.pt")
+    _, cache, fresh, _ = _recipe(setup, method)
+    resumed = Trainer(out, cache, fresh.modules(), fresh.stages(6), options).run()
+    assert resumed.cpu_from_step == 4 and resumed.cpu_seconds > 0
+    report = {"steps": 6, "training_seconds": resumed.seconds, "training_cpu_seconds": resumed.cpu_seconds,
+              "training_cpu_from_step": resumed.cpu_from_step}
+    assert "over steps 5–6 (CPU time was not recorded before)" in _cpu_clause(report)
+    assert _cpu_clause({"steps": 6, "training_seconds": 1.0}) == ""  # an older report: wall time only
+
+
 def test_the_dlite_head_warm_start_learns_the_targets_greedy_tokens(setup, tmp_path):
     import dataclasses
 

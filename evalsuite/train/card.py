@@ -14,6 +14,17 @@ REPORT = "training_report.json"
 CARD = "MODEL_CARD.md"
 
 
+def _cpu_clause(report: dict) -> str:
+    """The training process's CPU time beside its wall time (which counts pauses and a shared CPU too)."""
+    cpu = report.get("training_cpu_seconds")
+    if not cpu:
+        return ""
+    since = report.get("training_cpu_from_step", 0)
+    scope = f" over steps {since + 1}–{report['steps']} (CPU time was not recorded before)" if since else ""
+    return (f", {cpu / 60:.1f} CPU-minutes over all threads{scope}; the wall time includes any pause "
+            f"(SIGSTOP) or time shared with other jobs, the CPU time does not")
+
+
 def _fmt(value, digits: int = 3) -> str:
     if isinstance(value, float):
         return f"{value:.{digits}f}"
@@ -72,7 +83,7 @@ def write_model_card(out_dir: Path, report: dict, config: dict) -> Path:
         "",
         "## Training",
         f"- {report['steps']} steps in {report['training_seconds'] / 60:.1f} min on this machine's CPU "
-        f"(torch threads {report['torch_threads']}); stages:",
+        f"(torch threads {report['torch_threads']}){_cpu_clause(report)}; stages:",
     ]
     if report.get("init"):
         lines.insert(len(lines) - 1, f"- warm start (`--init`): the released checkpoint `{report['init']['from']}` "

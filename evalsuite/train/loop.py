@@ -67,7 +67,11 @@ class History:
     step: int = 0  # steps finished in `stage`
     log: list[dict] = field(default_factory=list)  # one row per logged step
     val: list[dict] = field(default_factory=list)
-    seconds: float = 0.0
+    seconds: float = 0.0  # wall time, including any time the job was paused (SIGSTOP) or shared the CPU
+    # CPU time of the training process over all its threads (a paused job accrues none); 0 where a state saved
+    # before this was recorded is resumed, and `cpu_from_step` then says from which step on it counts
+    cpu_seconds: float = 0.0
+    cpu_from_step: int = 0
 
 
 def split_sequences(cache: FeatureCache, fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -175,6 +179,9 @@ class Trainer:
         done_before = sum(s.steps for s in self.stages[: self.history.stage]) + self.history.step
         handle = bar.add_task("train", total=total_steps, completed=done_before, info="") if bar else None
         started = time.time() - self.history.seconds
+        if self.history.cpu_seconds == 0.0:
+            self.history.cpu_from_step = done_before
+        self._cpu_started = time.process_time() - self.history.cpu_seconds
         try:
             if bar:
                 bar.start()
@@ -188,13 +195,17 @@ class Trainer:
                 self.history.stage += 1
                 self.history.step = 0
                 self.optimizer = None
-                self.history.seconds = time.time() - started
+                self._clock(started)
                 self.save()
         finally:
             if bar:
                 bar.stop()
-        self.history.seconds = time.time() - started
+        self._clock(started)
         return self.history
+
+    def _clock(self, started: float) -> None:
+        self.history.seconds = time.time() - started
+        self.history.cpu_seconds = time.process_time() - self._cpu_started
 
     def _run_stage(self, stage: Stage, bar, handle, started: float) -> None:
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
@@ -217,7 +228,7 @@ class Trainer:
             row = {"stage": stage.name, "step": self.history.step, "lr": lr,
                    **{k: float(v.detach()) for k, v in terms.items()}}
             self.history.log.append(row)
-            self.history.seconds = time.time() - started
+            self._clock(started)
             if bar:
                 info = " ".join(f"{k} {row[k]:.3f}" for k in terms)
                 bar.update(handle, advance=1, info=f"{stage.name} {info}")
