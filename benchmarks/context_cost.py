@@ -8,8 +8,9 @@ decode, and the row's memory floor with the copy bandwidth measured in the same 
 `dynamic` (transformers' DynamicCache and SDPA: the engine before evalsuite.target.kv_cache) and `static`
 (evalsuite.target.kv_cache: preallocated buffers, in-place writes, GQA-folded attention on views).
 
-Timing: each shape is warmed up first; cache kinds and block sizes are interleaved so that load drift hits all
-alike; the context is random token ids (attention cost does not depend on the values). Threads: what torch
+Timing: each shape is warmed up first; every repeat times each context, engine and block size once, in turn, and
+samples the copy bandwidth, so that load drift hits every row and the floor alike (every context's cache is
+held at once); the context is random token ids (attention cost does not depend on the values). Threads: what torch
 uses (set OMP_NUM_THREADS).
 
 Usage: python benchmarks/context_cost.py [--target default] [--contexts 512,2048,4096,8000] [--repeats 10]
@@ -71,42 +72,54 @@ def kv_bytes_per_token(target: TargetModel) -> int:
     return 2 * target.num_layers * heads * head_dim * torch.finfo(target.dtype).bits // 8
 
 
-def measure(targets: dict[str, tuple[TargetModel, int]], context: int, repeats: int) -> dict[str, dict[int, float]]:
-    """Median seconds per (variant, block size) after `context` tokens; a variant is a target and a thread count."""
-    generator = torch.Generator().manual_seed(context)
+def measure(targets: dict[str, tuple[TargetModel, int]], contexts: list[int], repeats: int,
+            thread_counts: list[int]) -> tuple[dict[int, dict[str, dict[int, float]]], dict[int, float]]:
+    """Median seconds per (context, variant, block size) and median copy bandwidth per thread count. Every
+    repeat times every context, variant and block size once, in turn, and samples the bandwidth, so that this
+    machine's drift (tens of percent within minutes on a shared VM) hits every context and the floor alike
+    instead of tilting the context slope; a variant is a target and a thread count."""
     any_target = next(iter(targets.values()))[0]
     device = any_target.device
     clock = DeviceClock(device)
-    ids = torch.randint(4, any_target.vocab_size, (context,), generator=generator).to(device)
-    blocks = {n: torch.randint(4, any_target.vocab_size, (n,), generator=generator).to(device) for n in BLOCKS}
-    caches = {}
-    for name, (target, threads) in targets.items():
-        torch.set_num_threads(threads)
-        caches[name] = target.new_cache()
-        caches[name].reserve(context + max(BLOCKS) + 1)
-        target.forward(ids, caches[name], last_only=True)
+    caches, blocks = {}, {}
+    for context in contexts:
+        generator = torch.Generator().manual_seed(context)
+        ids = torch.randint(4, any_target.vocab_size, (context,), generator=generator).to(device)
+        blocks[context] = {n: torch.randint(4, any_target.vocab_size, (n,), generator=generator).to(device)
+                           for n in BLOCKS}
+        for name, (target, threads) in targets.items():
+            torch.set_num_threads(threads)
+            cache = caches[context, name] = target.new_cache()
+            cache.reserve(context + max(BLOCKS) + 1)
+            target.forward(ids, cache, last_only=True)
 
-    def timed(name: str, n: int) -> float:
-        (target, threads), cache = targets[name], caches[name]
+    def timed(context: int, name: str, n: int) -> float:
+        (target, threads), cache = targets[name], caches[context, name]
         torch.set_num_threads(threads)  # untimed
         start = clock.now()
-        target.forward(blocks[n], cache)
+        target.forward(blocks[context][n], cache)
         elapsed = clock.now() - start
         cache.crop_to(context)
         return elapsed
 
-    for name in targets:  # warm up every shape
-        for n in BLOCKS:
-            timed(name, n)
-            timed(name, n)
-    times = {name: {n: [] for n in BLOCKS} for name in targets}
-    for _ in range(repeats):
+    for context in contexts:  # warm up every shape
         for name in targets:
             for n in BLOCKS:
-                times[name][n].append(timed(name, n))
-    for name in caches:  # free each variant's cache before the next context
-        caches[name] = None
-    return {name: {n: statistics.median(v) for n, v in per.items()} for name, per in times.items()}
+                timed(context, name, n)
+                timed(context, name, n)
+    times = {c: {name: {n: [] for n in BLOCKS} for name in targets} for c in contexts}
+    bandwidth = {t: [] for t in thread_counts}
+    for _ in range(repeats):
+        for threads in thread_counts:
+            torch.set_num_threads(threads)
+            bandwidth[threads].append(copy_bandwidth(device, repeats=3))
+        for context in contexts:
+            for name in targets:
+                for n in BLOCKS:
+                    times[context][name][n].append(timed(context, name, n))
+    medians = {c: {name: {n: statistics.median(v) for n, v in per.items()} for name, per in by_name.items()}
+               for c, by_name in times.items()}
+    return medians, {t: statistics.median(v) for t, v in bandwidth.items()}
 
 
 def load(args, kv_cache: str = "static", compile: bool = False, weight_layout: str = "auto",
@@ -172,22 +185,19 @@ def main() -> None:
             targets[label] = (target, threads)
     contexts = [int(c) for c in args.contexts.split(",")]
     target = next(iter(loaded.values()))
-    bandwidths = {}
-    for threads in thread_counts:
-        torch.set_num_threads(threads)
-        bandwidths[threads] = copy_bandwidth(target.device)
     weights = weight_bytes(target)
     per_token = kv_bytes_per_token(target)
-    print(f"target: {target.name} on {target.device}, {args.repeats} repeats (medians); weights read per forward "
+    results, bandwidths = measure(targets, contexts, args.repeats, thread_counts)
+    print(f"target: {target.name} on {target.device}, {args.repeats} repeats (medians; each repeat times every "
+          f"context, engine and block size in turn); weights read per forward "
           f"{weights / 1e6:.0f} MB, KV {per_token / 1e3:.1f} kB/token, copy bandwidth " +
           ", ".join(f"{b / 1e9:.1f} GB/s at {t} thread{'s' if t > 1 else ''}" for t, b in bandwidths.items()) +
-          " (measured now); floor = (weights + KV) ÷ the copy bandwidth at the variant's thread count")
+          " (the median of one sample per repeat); floor = (weights + KV) ÷ the copy bandwidth at the variant's "
+          "thread count")
     width = max(len(name) for name in targets) + 2
     print(f"{'engine':{width}s}context  decode ms  verify-2 ms (÷dec)  verify-4 ms (÷dec)  verify-8 ms (÷dec)  "
           "floor ms  decode ÷ floor", flush=True)
-    results = {}
-    for context in contexts:  # rows print as they are measured
-        results[context] = measure(targets, context, args.repeats)
+    for context in contexts:
         for name, t in results[context].items():
             floor = (weights + per_token * context) / bandwidths[targets[name][1]]
             cells = "  ".join(f"{1e3 * t[n]:11.1f} ({t[n] / t[1]:.2f})" for n in BLOCKS[1:])
@@ -202,7 +212,7 @@ def main() -> None:
         for name in loaded:
             lo, hi = min(thread_counts), max(thread_counts)
             label = lambda t: next(k for k, (tg, th) in targets.items() if tg is loaded[name] and th == t)
-            print(f"  {loaded[name].weight_layout}: " + "  ".join(
+            print(f"  {label(lo).rsplit('/', 1)[0]}: " + "  ".join(
                 f"{c}: {results[c][label(lo)][1] / results[c][label(hi)][1]:.2f}" for c in contexts))
 
 
