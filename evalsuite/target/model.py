@@ -148,8 +148,9 @@ class TargetModel:
     def load(cls, spec: str = DEFAULT_TARGET, device: str = "cpu", dtype: str | None = None,
              weight_layout: str = "auto", kv_cache: str = "static", compile: bool = False,
              cuda_graphs: str = "auto") -> "TargetModel":
-        """`weight_layout`: how the Linear weights are stored and multiplied ("auto": column-major plus oneDNN
-        block kernels on CPU, as loaded elsewhere; see `use_column_major_linears`). `kv_cache`: "static" (the
+        """`weight_layout`: the forward and how its Linear weights are stored and multiplied ("auto": the fused
+        decoder where it supports the model, else transformers' decoder with column-major plus oneDNN block
+        kernels on CPU, as loaded elsewhere; `resolve_weight_layout`, `use_column_major_linears`). `kv_cache`: "static" (the
         preallocated cache and GQA-folded attention of evalsuite.target.kv_cache) or "dynamic" (transformers'
         DynamicCache and SDPA, the engine before it). `compile`: decode and verify forwards through torch.compile
         (on CPU "auto" then resolves to column-major, since oneDNN's opaque tensors cannot be compiled)."""
