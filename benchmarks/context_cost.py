@@ -149,8 +149,9 @@ def main() -> None:
     parser.add_argument("--layouts", default="auto",
                         help="comma-separated engines to time side by side: a --weight-layout each (auto, fused, "
                              "column-major+onednn, ...), optionally +dynamic for transformers' DynamicCache, "
-                             "+graphs for the fused decoder's CUDA-graph replays (--device cuda) or +sdpa for the "
-                             "fused decoder with SDPA for verify blocks too (the CPU default attends by GEMMs)")
+                             "+graphs for the fused decoder's CUDA-graph replays (--device cuda), +compile for its one-token "
+                             "decodes through torch.compile (--compile) or +sdpa for the fused decoder with SDPA "
+                             "for verify blocks too (the CPU default attends by GEMMs)")
     parser.add_argument("--threads", default=None,
                         help="comma-separated thread counts, each timed as its own variant (default: torch's)")
     parser.add_argument("--compile", action="store_true", help="also time the HF decoder with --compile")
@@ -162,9 +163,10 @@ def main() -> None:
     block_attention = {}
     for spec in args.layouts.split(","):
         graphs = spec.endswith("+graphs")
-        layout = spec.removesuffix("+graphs").removesuffix("+dynamic").removesuffix("+sdpa")
+        layout = spec.removesuffix("+graphs").removesuffix("+dynamic").removesuffix("+sdpa").removesuffix("+compile")
         variants[spec] = dict(weight_layout=layout or "auto", cuda_graphs="on" if graphs else "off",
-                              kv_cache="dynamic" if spec.endswith("+dynamic") else "static")
+                              kv_cache="dynamic" if spec.endswith("+dynamic") else "static",
+                              compile=spec.endswith("+compile"))
         block_attention[spec] = "sdpa" if spec.endswith("+sdpa") else None
     if args.compile:
         variants["column-major+compile"] = dict(weight_layout="column-major", kv_cache="static", compile=True)
@@ -178,7 +180,7 @@ def main() -> None:
     for name, target in loaded.items():
         for threads in thread_counts:
             label = f"{target.weight_layout}{'+dynamic' if target.kv_cache == 'dynamic' else ''}" + \
-                ("+graphs" if target.cuda_graphs == "on" else "") + \
+                ("+graphs" if target.cuda_graphs == "on" else "") + ("+compile" if target.compile else "") + \
                 ("+sdpa" if target.fused is not None and target.fused.block_attention == "sdpa"
                  and target.device.type == "cpu" else "") + \
                 (f"/{threads}t" if len(thread_counts) > 1 or args.threads else "")

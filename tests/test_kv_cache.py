@@ -170,9 +170,9 @@ def test_unsupported_layer_types_are_a_one_line_error(tiny_gemma3_dir, monkeypat
 
 
 def test_compiled_decode_and_verify_match_eager(tiny_llama_dir):
-    eager = TargetModel.load(str(tiny_llama_dir))
-    compiled = TargetModel.load(str(tiny_llama_dir), compile=True)
-    assert compiled.weight_layout == "column-major"  # auto avoids oneDNN's opaque tensors under torch.compile
+    eager = TargetModel.load(str(tiny_llama_dir), weight_layout="column-major")
+    compiled = TargetModel.load(str(tiny_llama_dir), weight_layout="column-major", compile=True)
+    assert compiled.fused is None and compiled._compiled_decoder is not None  # the HF decoder, compiled
     prompt = list(range(10, 50))
     caches = {}
     for name, target in (("eager", eager), ("compiled", compiled)):
@@ -188,5 +188,44 @@ def test_compiled_decode_and_verify_match_eager(tiny_llama_dir):
 
 
 def test_compile_with_onednn_blocks_is_a_one_line_error(tiny_llama_dir):
-    with pytest.raises(UserError, match=r"--compile with --weight-layout column-major\+onednn: torch.compile runs"):
+    with pytest.raises(UserError, match=r"--compile with --weight-layout column-major\+onednn: oneDNN's opaque"):
         TargetModel.load(str(tiny_llama_dir), weight_layout="column-major+onednn", compile=True)
+
+
+def test_the_fused_decoders_compiled_decode_matches_eager_over_a_growing_context_without_recompiling(
+        tiny_llama_dir):
+    from torch._dynamo.utils import counters
+
+    eager = TargetModel.load(str(tiny_llama_dir))
+    compiled = TargetModel.load(str(tiny_llama_dir), compile=True)
+    assert compiled.weight_layout == eager.weight_layout == "fused" and compiled.fused._compiled_decode is not None
+    for target in (eager, compiled):
+        target.prepare_blocks(8)
+    caches = {name: target.new_cache() for name, target in (("eager", eager), ("compiled", compiled))}
+    prompt = torch.tensor(list(range(10, 50)))
+    for name, target in (("eager", eager), ("compiled", compiled)):
+        target.forward(prompt, caches[name], LAYERS, last_only=True)
+    graphs_at_start, graphs_before = counters["stats"]["unique_graphs"], None
+    generator = torch.Generator().manual_seed(0)
+    for step in range(40):  # decodes at 40 … and verify blocks between them, with rollbacks
+        size = 1 if step % 3 else int(torch.randint(2, 9, (1,), generator=generator))
+        block = torch.randint(4, eager.vocab_size, (size,), generator=generator)
+        outs = {name: target.forward(block, caches[name], LAYERS if step % 2 else ())
+                for name, target in (("eager", eager), ("compiled", compiled))}
+        torch.testing.assert_close(outs["compiled"].logits, outs["eager"].logits, rtol=1e-4, atol=1e-4)
+        if step % 2:
+            torch.testing.assert_close(outs["compiled"].hidden, outs["eager"].hidden, rtol=1e-4, atol=1e-4)
+        assert torch.equal(outs["compiled"].logits.argmax(-1), outs["eager"].logits.argmax(-1))
+        if size > 1:
+            for cache in caches.values():
+                cache.crop_to(cache.get_seq_length() - size // 2)  # a partial rejection
+        assert caches["compiled"].get_seq_length() == caches["eager"].get_seq_length()
+        if step == 9:  # both feature-layer sets seen, each decoded at two or more lengths: no graph after this
+            graphs_before = counters["stats"]["unique_graphs"]
+    assert graphs_before > graphs_at_start, "the decode never ran compiled"
+    assert counters["stats"]["unique_graphs"] == graphs_before, "a growing context recompiled the decode"
+    # the compiled decode wrote the same K/V: a fresh eager decode after both histories agrees
+    probe = torch.tensor([7])
+    a = eager.forward(probe, caches["eager"]).logits
+    b = compiled.forward(probe, caches["compiled"]).logits
+    torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)

@@ -136,6 +136,7 @@ class FusedDecoder:
         # benchmarks/context_cost.py, layout suffix +sdpa)
         self.block_attention = "gemm" if self.device.type == "cpu" else "sdpa"
         self._scores = torch.empty(0, dtype=self.embed.dtype, device=self.device)  # `_block_attention`'s buffer
+        self._compiled_decode = None  # `compile_decode`: the one-token decode's layers through torch.compile
 
     # ---- set-up ------------------------------------------------------------------------------------------
     def prepare_blocks(self, rows: int) -> bool:
@@ -153,6 +154,29 @@ class FusedDecoder:
         self.head_packed = pack(self.head, rows)
         self.block_rows = rows
         return True
+
+    def compile_decode(self) -> None:
+        """Run one-token decodes (batch 1, after at least 2 cached tokens) through torch.compile: every layer,
+        the final norm and the hidden states asked for in one graph, its K/V written in place into the cache's
+        preallocated buffers at a symbolic position, so a growing context does not recompile (`dynamic=True`;
+        the graph is built on first use, i.e. in the untimed warm-up, and kept in inductor's on-disk cache). The
+        output head and verify blocks stay eager. Python's per-op cost is most of what a CPU decode spends above
+        its memory floor (benchmarks/context_cost.py --layouts fused,fused+compile)."""
+        if self._compiled_decode is None:
+            self._compiled_decode = torch.compile(self._decode_layers, dynamic=True, fullgraph=True)
+
+    def _decode_layers(self, x, keys: list[torch.Tensor], values: list[torch.Tensor], start: int, cos, sin,
+                       layer_ids: tuple[int, ...]):
+        """`_layers` for one token at position `start`, writing into the whole K/V buffers ([1, kv_heads,
+        capacity, head_dim] each) and attending over their first start + 1 positions."""
+        def writer(k_buffer, v_buffer):
+            def write(k, v):
+                k_buffer[:, :, start:start + 1].copy_(k)
+                v_buffer[:, :, start:start + 1].copy_(v)
+                return k_buffer[:, :, :start + 1], v_buffer[:, :, :start + 1]
+            return write
+        return self._layers(x, [writer(k, v) for k, v in zip(keys, values)], cos, sin, self._sdpa(None), 1, 1,
+                            layer_ids)
 
     def _positions(self, end: int, like: torch.Tensor) -> None:
         """The rotary tables cover positions [0, end) (grown by doubling; computed by the model's own rotary
@@ -202,6 +226,15 @@ class FusedDecoder:
         self._positions(end, x)
         cos = self._cos[start:end].view(1, rows, 1, self.head_dim)
         sin = self._sin[start:end].view(1, rows, 1, self.head_dim)
+        if rows == 1 and batch == 1 and self._compiled_decode is not None and start >= 2 and \
+                all(layer.is_initialized for layer in cache.layers):
+            cache.reserve(end)
+            buffers = [layer.buffers() for layer in cache.layers]
+            x, hidden = self._compiled_decode(x, [k for k, _ in buffers], [v for _, v in buffers], start, cos, sin,
+                                              tuple(layer_ids))
+            for layer in cache.layers:
+                layer.advance(1)
+            return self._outputs(x, hidden, 1, logits, last_only)
         if rows == 1:
             attend = self._sdpa(None)
         elif self.block_attention == "gemm" and rows <= BLOCK_ATTENTION_ROWS and x.dtype == torch.float32:
@@ -217,6 +250,10 @@ class FusedDecoder:
                                  layer_ids)
         if pad:
             cache.crop_to(start + n)
+        return self._outputs(x, hidden, n, logits, last_only)
+
+    def _outputs(self, x, hidden, n: int, logits: bool, last_only: bool):
+        """(logits of the first `n` rows, or of row n - 1 only, or None; hidden states of those rows)."""
         if hidden is not None:
             hidden = hidden[:, :n]
         if not logits:

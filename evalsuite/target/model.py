@@ -122,15 +122,22 @@ class TargetModel:
             check_supported(cfg)
             if cfg._attn_implementation == "sdpa":
                 model.set_attn_implementation(ATTENTION)
-        if compile and weight_layout in ("column-major+onednn", "fused"):
-            raise UserError(f"--compile with --weight-layout {weight_layout}: torch.compile runs the Hugging Face "
-                            "decoder; use --weight-layout column-major or auto")
+        if compile and weight_layout == "column-major+onednn":
+            raise UserError(f"--compile with --weight-layout {weight_layout}: oneDNN's opaque tensors cannot be "
+                            "compiled; use --weight-layout auto, fused or column-major")
+        if compile and cuda_graphs == "on":
+            raise UserError("--compile with --cuda-graphs on: choose one way to capture the forwards")
         self.compile = compile
         # "fused": evalsuite.target.decoder's own forward (fused weights, packed block GEMMs); the HF modules stay usable
         self.fused = FusedDecoder(model) if weight_layout == "fused" else None
-        # torch.compile with dynamic shapes: one graph for one-token decodes and one for verify blocks (sizes 0 and 1
-        # are specialised), the context length symbolic in both; compiled on first use, i.e. in the untimed warm-up
-        self._compiled_decoder = torch.compile(model.model, dynamic=True) if compile else None
+        if compile and self.fused is not None:  # its one-token decodes in one compiled graph (`compile_decode`)
+            self.fused.compile_decode()
+            if cuda_graphs == "auto":
+                cuda_graphs = "off"
+        # the HF decoder under torch.compile with dynamic shapes: one graph for one-token decodes and one for verify
+        # blocks (sizes 0 and 1 are specialised), the context length symbolic in both; compiled on first use, i.e.
+        # in the untimed warm-up
+        self._compiled_decoder = torch.compile(model.model, dynamic=True) if compile and self.fused is None else None
         self.weight_layout = weight_layout  # as `load` resolved it; "row-major" is the weights as loaded
         if cuda_graphs not in CUDA_GRAPHS:
             raise UserError(f"--cuda-graphs {cuda_graphs}: choose from {', '.join(CUDA_GRAPHS)}")
@@ -152,8 +159,10 @@ class TargetModel:
         decoder where it supports the model, else transformers' decoder with column-major plus oneDNN block
         kernels on CPU, as loaded elsewhere; `resolve_weight_layout`, `use_column_major_linears`). `kv_cache`: "static" (the
         preallocated cache and GQA-folded attention of evalsuite.target.kv_cache) or "dynamic" (transformers'
-        DynamicCache and SDPA, the engine before it). `compile`: decode and verify forwards through torch.compile
-        (on CPU "auto" then resolves to column-major, since oneDNN's opaque tensors cannot be compiled)."""
+        DynamicCache and SDPA, the engine before it). `compile`: torch.compile for the fused decoder's one-token
+        decodes (`FusedDecoder.compile_decode`), or for the HF decoder's decode and verify forwards where the
+        fused one does not apply (on CPU "auto" then resolves to column-major, since oneDNN's opaque tensors
+        cannot be compiled)."""
         dev = parse_device(device)
         if weight_layout not in WEIGHT_LAYOUTS:
             raise UserError(f"--weight-layout {weight_layout}: choose from {', '.join(WEIGHT_LAYOUTS)}")
@@ -343,7 +352,7 @@ def resolve_weight_layout(layout: str, device: torch.device, compile: bool = Fal
     the layout that is fastest on the device."""
     if layout != "auto":
         return layout
-    if model is not None and not compile and kv_cache == "static" and supported(model) is None:
+    if model is not None and kv_cache == "static" and supported(model) is None:
         return "fused"
     if device.type != "cpu":
         return "row-major"
