@@ -7,7 +7,7 @@
 # Run it on an otherwise idle machine (timings are measured); it resumes where it stopped (--resume).
 #
 #   bash benchmarks/long_context_study.sh                       # into reports/qwen-coder-long-context/
-#   OUT=/tmp/lc STAGE=/tmp/lc-stage POINTS=2k,4k LIMIT_IDS=swebench-sympy__sympy-16766 REPEATS=1 NEW_TOKENS=8 \
+#   OUT=/tmp/lc STAGE=/tmp/lc-stage POINTS=2k,4k LIMIT_IDS=swebench-django__django-13933 REPEATS=1 NEW_TOKENS=8 \
 #     ALLOW_DIRTY=1 bash benchmarks/long_context_study.sh       # a smoke test of the same commands
 #
 # What it measures, per context point: τ, per-position acceptance, draft ms, draft state bytes and the paired
