@@ -30,6 +30,16 @@ CONTEXT_POLICIES = ("stop", "truncate-left")
 WEIGHT_LAYOUTS = ("auto", "fused", "row-major", "column-major", "column-major+onednn")
 CACHE_KINDS = ("static", "dynamic")
 CUDA_GRAPHS = ("auto", "on", "off")
+
+
+def compile_conflict(weight_layout: str, cuda_graphs: str) -> str | None:
+    """Why `--compile` cannot run with these settings (a one-line error), or None."""
+    if weight_layout == "column-major+onednn":
+        return (f"--compile with --weight-layout {weight_layout}: oneDNN's opaque tensors cannot be compiled; use "
+                "--weight-layout auto, fused or column-major")
+    if cuda_graphs == "on":
+        return "--compile with --cuda-graphs on: choose one way to capture the forwards"
+    return None
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}
 
@@ -44,7 +54,7 @@ class RunConfig:
     dtype: str | None = None
     weight_layout: str = "auto"  # the target's Linear weight storage (TargetModel.load); resolved in run.json
     kv_cache: str = "static"  # the target's KV cache: static (evalsuite.target.kv_cache) | dynamic (transformers')
-    compile: bool = False  # decode and verify forwards through torch.compile
+    compile: bool = False  # torch.compile: the fused decoder's decodes, or the HF decoder's forwards
     cuda_graphs: str = "auto"  # decode and verify forwards replayed from CUDA graphs: auto (on CUDA) | on | off
     k: int = 7
     temperature: float = 0.0
@@ -134,9 +144,8 @@ class RunConfig:
         if self.device == "cpu" and engine.cpu_dtypes and \
                 DTYPES.get(self.dtype or "float32", "float32") not in engine.cpu_dtypes:
             raise UserError(f"--dtype {self.dtype}: only {', '.join(engine.cpu_dtypes)} is supported on CPU")
-        if self.compile and self.weight_layout in ("column-major+onednn", "fused"):
-            raise UserError(f"--compile with --weight-layout {self.weight_layout}: torch.compile runs the Hugging Face "
-                            "decoder; use --weight-layout column-major or auto")
+        if self.compile and compile_conflict(self.weight_layout, self.cuda_graphs):
+            raise UserError(compile_conflict(self.weight_layout, self.cuda_graphs))
         if self.cuda_graphs not in CUDA_GRAPHS:
             raise UserError(f"--cuda-graphs {self.cuda_graphs}: choose from {', '.join(CUDA_GRAPHS)}")
         if self.cuda_graphs == "on" and not self.device.startswith("cuda"):

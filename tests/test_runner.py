@@ -164,3 +164,23 @@ def test_method_auto_reads_the_checkpoint(tiny_target, tmp_path):
     assert _infer_auto_method(["auto"], [str(zlab_checkpoint(tmp_path / "zlab", tiny_target))]) == ["dflash"]
     with pytest.raises(UserError, match="exactly one --drafter"):
         _infer_auto_method(["auto"], [])
+
+
+def test_a_compiled_run_records_it_and_every_method_equals_its_ar_pair(tiny_llama_dir, tmp_path):
+    out = tmp_path / "compiled"
+    result = run_cli("--method", "ngram,ar", "--task", "mt-bench", "--target", str(tiny_llama_dir), "--limit", "2",
+                     "--max-new-tokens", "24", "--compile", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    config = json.loads((out / "run.json").read_text())
+    assert config["compile"] is True and config["weight_layout"] == "fused"  # resolved, as recorded
+    turns = load_turns(out)
+    by_method = {m: g.sort_values(["sample_id", "turn"]).output_ids.map(list).tolist() for m, g in turns.groupby("method")}
+    assert by_method["ngram"] == by_method["ar"]
+
+
+def test_compile_with_cuda_graphs_on_is_a_one_line_error(tiny_llama_dir, tmp_path):
+    result = run_cli("--method", "ar", "--task", "mt-bench", "--target", str(tiny_llama_dir), "--limit", "1",
+                     "--compile", "--cuda-graphs", "on", "--out", str(tmp_path / "x"))
+    assert result.exit_code != 0
+    assert "--compile with --cuda-graphs on: choose one way to capture the forwards" in result.output
+    assert "Traceback" not in result.output

@@ -18,7 +18,7 @@ import torch
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from evalsuite.config import CACHE_KINDS, CUDA_GRAPHS, WEIGHT_LAYOUTS
+from evalsuite.config import CACHE_KINDS, CUDA_GRAPHS, WEIGHT_LAYOUTS, compile_conflict
 from evalsuite.errors import UserError
 from evalsuite.hashing import file_sha256
 from evalsuite.target import embedded
@@ -122,11 +122,8 @@ class TargetModel:
             check_supported(cfg)
             if cfg._attn_implementation == "sdpa":
                 model.set_attn_implementation(ATTENTION)
-        if compile and weight_layout == "column-major+onednn":
-            raise UserError(f"--compile with --weight-layout {weight_layout}: oneDNN's opaque tensors cannot be "
-                            "compiled; use --weight-layout auto, fused or column-major")
-        if compile and cuda_graphs == "on":
-            raise UserError("--compile with --cuda-graphs on: choose one way to capture the forwards")
+        if compile and compile_conflict(weight_layout, cuda_graphs):
+            raise UserError(compile_conflict(weight_layout, cuda_graphs))
         self.compile = compile
         # "fused": evalsuite.target.decoder's own forward (fused weights, packed block GEMMs); the HF modules stay usable
         self.fused = FusedDecoder(model) if weight_layout == "fused" else None
