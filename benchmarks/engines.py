@@ -8,6 +8,8 @@ excluded; ÷ floor = ms ÷ (weight bytes + KV bytes at that context) / copy band
   n-gram prompt lookup (k=7), plus `ours verify-8`: one 8-token verify forward, and `ours weight products`: the
   one-row products of a decode over the same weights and nothing else (what the rest of our forward costs is
   `ours ar` minus this row; what torch's GEMV kernel costs against llama.cpp's is this row against its f32);
+- `ours --compile ar` / `ngram` / `verify-8` (peer `ours-compile`): the same engine with `--compile`, its one-token
+  decodes through torch.compile (compiled in the warm-up);
 - `hf-generate`: transformers' `generate` with its static cache (`cache_implementation="static"`), eager, fp32;
 - `llama.cpp f32` / `llama.cpp <quant>`: llama-cpp-python on a GGUF of the same weights, f32 (dequantized from
   the shipped GGUF, so the same values as ours) and the shipped quantisation (the speed a CPU user actually gets),
@@ -20,7 +22,7 @@ The prompt: a real agent context (a bundled SWE-Bench trajectory rendered throug
 its last N tokens for each context length N, so that prompt lookup has what an agent context offers.
 
     python benchmarks/engines.py [--target default] [--contexts 512,2048,4096] [--new-tokens 64] [--repeats 3]
-        [--peers ours,hf-generate,llama-cpp,vllm] [--threads N]
+        [--peers ours,ours-compile,hf-generate,llama-cpp,vllm] [--threads N]
 Timing: every in-process engine is loaded first and warmed up on each context's shapes; then each repeat times
 every engine once, in turn (this VM's speed drifts by tens of percent within minutes, so engines timed one after
 another are not comparable); medians are printed.
@@ -45,7 +47,7 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-PEERS = ("ours", "hf-generate", "llama-cpp", "vllm")
+PEERS = ("ours", "ours-compile", "hf-generate", "llama-cpp", "vllm")
 
 
 def agent_context(target, length: int) -> list[int]:
@@ -123,12 +125,13 @@ class Ours:
     decode alone (the floor of a decode made of torch's one-row products: what the rest of the forward adds is
     the difference between that row and `ours ar`)."""
 
-    def __init__(self, args, contexts: dict[int, list[int]]):
+    def __init__(self, args, contexts: dict[int, list[int]], compile: bool = False):
         from evalsuite.config import RunConfig
         from evalsuite.engines.hf import HfEngine
 
         config = RunConfig(methods=["ngram"], task="swebench", target=args.target, max_new_tokens=args.new_tokens,
-                           k=7, threads=torch.get_num_threads())
+                           k=7, threads=torch.get_num_threads(), compile=compile)
+        label = "ours --compile" if compile else "ours"
         self.engine = HfEngine(config)
         self.engine.start(["ar", "ngram"], torch.get_num_threads())
         self.contexts = contexts
@@ -140,10 +143,11 @@ class Ours:
             self.weights = [w for layer in target.fused.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
             self.weights.append(target.fused.head)
         self.rows = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device) for w in self.weights}
-        self.timers = [Timer(f"ours {m}", "fp32", self._warm, self._decoder(m, info), info)
+        self.timers = [Timer(f"{label} {m}", "fp32", self._warm, self._decoder(m, info), info)
                        for m, info in (("ar", {}), ("ngram", {}))]
-        self.timers += [Timer("ours verify-8", "fp32", self._warm, self._verify),
-                        Timer("ours weight products", "fp32", self._warm, self._products)]
+        self.timers += [Timer(f"{label} verify-8", "fp32", self._warm, self._verify)]
+        if not compile:  # the same weights either way
+            self.timers += [Timer("ours weight products", "fp32", self._warm, self._products)]
 
     def _at(self, length: int) -> list[int]:
         if self.current != length:  # one trajectory per context: the prefix cache then holds it
@@ -384,12 +388,16 @@ def main(argv: list[str] | None = None) -> int:
           f"{weights / 1e6:.0f} MB, KV {per_token / 1e3:.1f} kB/token, copy bandwidth {bandwidth / 1e9:.1f} GB/s "
           f"(read + write), read bandwidth {reads / 1e9:.1f} GB/s (measured now)", flush=True)
 
-    rows, skipped, timers, mine = [], [], [], None
+    rows, skipped, timers, mine, closing = [], [], [], None, []
     for peer in [p for p in peers if p != "vllm"]:  # in-process peers: set up all, then time them interleaved
         try:
             if peer == "ours":
                 mine = Ours(args, contexts)
                 timers += mine.timers
+            elif peer == "ours-compile":  # --compile: the fused decoder's one-token decodes through torch.compile
+                compiled = Ours(args, contexts, compile=True)
+                timers += compiled.timers
+                closing.append(compiled)
             elif peer == "hf-generate":
                 timers += hf_generate(args, contexts, model_dir)
             elif peer == "llama-cpp":
@@ -445,8 +453,8 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as err:
             skipped.append(failure("vllm", err))
         print("  vllm: done", flush=True)
-    if mine is not None:
-        mine.close()
+    for engine in closing + ([mine] if mine is not None else []):
+        engine.close()
 
     print(f"{'engine':30s} {'precision':>9s} {'context':>7s} {'ms/token':>9s} {'÷ floor':>8s} {'÷ read':>7s} "
           f"{'τ':>5s} {'× ours ar':>9s}")
@@ -470,6 +478,11 @@ def main(argv: list[str] | None = None) -> int:
         same = [length for length in contexts if agree(length)]
         print(f"ours ar and hf-generate write the same greedy tokens (up to 16) at contexts {same} of "
               f"{list(contexts)}")
+    if {"ours ar", "ours --compile ar"} <= {r["engine"] for r in rows}:
+        def tokens(engine: str, length: int) -> list[int]:
+            return next(r["tokens"] for r in rows if r["engine"] == engine and r["context"] == length)
+        same = [length for length in contexts if tokens("ours ar", length) == tokens("ours --compile ar", length)]
+        print(f"ours ar and ours --compile ar write the same tokens at contexts {same} of {list(contexts)}")
     for line in skipped:
         print(f"skipped {line}")
     if args.json:

@@ -19,7 +19,7 @@ def test_the_peers_table_on_a_tiny_target(tiny_llama_dir, tmp_path, capsys):
     out = tmp_path / "rows.json"
     try:
         code = engines.main(["--target", str(tiny_llama_dir), "--contexts", "48,96", "--new-tokens", "6",
-                             "--repeats", "1", "--peers", "ours,hf-generate,llama-cpp", "--json", str(out)])
+                             "--repeats", "1", "--peers", "ours,ours-compile,hf-generate,llama-cpp", "--json", str(out)])
     finally:
         torch.set_num_threads(1)
     printed = capsys.readouterr().out
@@ -27,9 +27,12 @@ def test_the_peers_table_on_a_tiny_target(tiny_llama_dir, tmp_path, capsys):
     rows = json.loads(out.read_text())
     engines_seen = {(r["engine"], r["context"]) for r in rows["rows"]}
     for context in (48, 96):
-        for name in ("ours ar", "ours ngram", "ours verify-8", "ours weight products", "hf-generate (static cache)"):
+        for name in ("ours ar", "ours ngram", "ours verify-8", "ours weight products", "hf-generate (static cache)",
+                     "ours --compile ar", "ours --compile ngram", "ours --compile verify-8"):
             assert (name, context) in engines_seen
     assert all(r["ms"] > 0 for r in rows["rows"])
+    # the compiled decode writes the same greedy tokens as the eager one
+    assert "ours ar and ours --compile ar write the same tokens at contexts [48, 96] of [48, 96]" in printed
     # llama.cpp either is not installed or has no GGUF for a local directory: named, not dropped
     assert any(s.startswith("llama-cpp: ") for s in rows["skipped"]) and "skipped llama-cpp: " in printed
     assert "ours ar and hf-generate write the same greedy tokens (up to 16) at contexts [48, 96] of [48, 96]" in printed
@@ -37,7 +40,7 @@ def test_the_peers_table_on_a_tiny_target(tiny_llama_dir, tmp_path, capsys):
 
 def test_an_unknown_peer_is_a_one_line_error(capsys):
     assert engines.main(["--peers", "ours,tensorrt"]) == 2
-    assert capsys.readouterr().err.strip() == "error: --peers tensorrt: choose from ours, hf-generate, llama-cpp, vllm"
+    assert capsys.readouterr().err.strip() == "error: --peers tensorrt: choose from ours, ours-compile, hf-generate, llama-cpp, vllm"
 
 
 def test_a_decode_difference_divides_by_the_tokens_written(monkeypatch):
