@@ -168,6 +168,10 @@ def main() -> None:
                               kv_cache="dynamic" if spec.endswith("+dynamic") else "static",
                               compile=spec.endswith("+compile"))
         block_attention[spec] = "sdpa" if spec.endswith("+sdpa") else None
+    if len(thread_counts) > 1 and (args.compile or any(v.get("compile") for v in variants.values())):
+        # inductor's C++ kernels fix their OpenMP thread count when they are compiled
+        raise SystemExit("--threads with more than one count: a compiled variant keeps the thread count it was "
+                         "compiled with; time compiled variants at one --threads value per run")
     if args.compile:
         variants["column-major+compile"] = dict(weight_layout="column-major", kv_cache="static", compile=True)
     loaded = {name: load(args, **options) for name, options in variants.items()}
