@@ -229,3 +229,20 @@ def test_the_fused_decoders_compiled_decode_matches_eager_over_a_growing_context
     a = eager.forward(probe, caches["eager"]).logits
     b = compiled.forward(probe, caches["compiled"]).logits
     torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+
+
+def test_a_thread_measurement_runs_eagerly_so_the_compiled_kernels_are_built_at_the_chosen_count(tiny_llama_dir):
+    from torch._dynamo.utils import counters
+
+    from evalsuite.config import RunConfig
+    from evalsuite.engines.hf import HfEngine
+
+    engine = HfEngine(RunConfig(methods=["ar"], task="mt-bench", target=str(tiny_llama_dir), compile=True, threads=2))
+    engine.start(["ar"], 2)
+    compiled = engine.target.fused._compiled_decode
+    graphs = counters["stats"]["unique_graphs"]
+    choice = engine._measure_threads([1, 2])
+    assert counters["stats"]["unique_graphs"] == graphs, "the thread measurement built the compiled decode"
+    assert engine.target.fused._compiled_decode is compiled  # restored afterwards
+    assert "measured on the eager forward" in choice["rule"] and choice["chosen"] in (1, 2)
+    torch.set_num_threads(1)

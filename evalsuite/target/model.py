@@ -8,6 +8,8 @@ takes layer ids in that convention.
 
 from __future__ import annotations
 
+import contextlib
+
 import hashlib
 import json
 import os
@@ -220,6 +222,23 @@ class TargetModel:
             self.captured = CapturedSteps(self.fused, self.config, min(self.max_context, MAX_CAPTURED_CONTEXT) + rows,
                                           rows, graphs=True)
         return self.fused.prepare_blocks(rows) if self.fused is not None else False
+
+    @contextlib.contextmanager
+    def eager(self):
+        """Forwards without the --compile graphs inside this block (nothing is compiled in it): inductor's C++
+        kernels keep the OpenMP thread count they were built with, so a thread-count measurement must not be the
+        one that builds them."""
+        fused = self.fused._compiled_decode if self.fused is not None else None
+        hf = self._compiled_decoder
+        if self.fused is not None:
+            self.fused._compiled_decode = None
+        self._compiled_decoder = None
+        try:
+            yield self
+        finally:
+            if self.fused is not None:
+                self.fused._compiled_decode = fused
+            self._compiled_decoder = hf
 
     def prepare_layers(self, layer_sets) -> int:
         """Capture, before anything is timed, the block forwards that return each set of feature layers (one set
