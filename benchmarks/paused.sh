@@ -58,8 +58,22 @@ pause_others() {
   done
 }
 
+wait_stopped() {  # SIGSTOP takes effect asynchronously: let every paused job reach state T (at most ~2 s)
+  local tries pid state pending
+  for tries in $(seq 40); do
+    pending=
+    for pid in "${stopped[@]}"; do
+      state=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1) || continue
+      case "$state" in T|t|Z|X|"") ;; *) pending=1;; esac
+    done
+    [ -z "$pending" ] && return 0
+    sleep 0.05
+  done
+}
+
 child=
 pause_others  # before the command starts: its first second is timed too
+wait_stopped
 "$@" &
 child=$!
 status=
