@@ -149,8 +149,8 @@ def main() -> None:
     parser.add_argument("--layouts", default="auto",
                         help="comma-separated engines to time side by side: a --weight-layout each (auto, fused, "
                              "column-major+onednn, ...), optionally +dynamic for transformers' DynamicCache, "
-                             "+graphs for the fused decoder's CUDA-graph replays (--device cuda), +compile for its one-token "
-                             "decodes through torch.compile (--compile) or +sdpa for the fused decoder with SDPA "
+                             "+graphs for the fused decoder's CUDA-graph replays (--device cuda), +compile for its "
+                             "one-token decodes through torch.compile (--compile) or +sdpa for the fused decoder with SDPA "
                              "for verify blocks too (the CPU default attends by GEMMs)")
     parser.add_argument("--threads", default=None,
                         help="comma-separated thread counts, each timed as its own variant (default: torch's)")

@@ -394,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
             if peer == "ours":
                 mine = Ours(args, contexts)
                 timers += mine.timers
+                closing.append(mine)
             elif peer == "ours-compile":  # --compile: the fused decoder's one-token decodes through torch.compile
                 compiled = Ours(args, contexts, compile=True)
                 timers += compiled.timers
@@ -453,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as err:
             skipped.append(failure("vllm", err))
         print("  vllm: done", flush=True)
-    for engine in closing + ([mine] if mine is not None else []):
+    for engine in closing:
         engine.close()
 
     print(f"{'engine':30s} {'precision':>9s} {'context':>7s} {'ms/token':>9s} {'÷ floor':>8s} {'÷ read':>7s} "

@@ -150,7 +150,7 @@ def run(
     weight_layout: str = typer.Option("auto", help="auto | fused | row-major | column-major | "
                                       "column-major+onednn: the target's forward and its Linear weight storage "
                                       "(auto: the fused decoder of evalsuite/target/decoder.py wherever it supports "
-                                      "the model, with the static cache and without --compile; else transformers' "
+                                      "the model with the static cache; else transformers' "
                                       "decoder, column-major+onednn on CPU and row-major elsewhere; recorded "
                                       "resolved)."),
     kv_cache: str = typer.Option("static", help="static | dynamic: the target's KV cache (static: preallocated, "

@@ -30,6 +30,8 @@ CONTEXT_POLICIES = ("stop", "truncate-left")
 WEIGHT_LAYOUTS = ("auto", "fused", "row-major", "column-major", "column-major+onednn")
 CACHE_KINDS = ("static", "dynamic")
 CUDA_GRAPHS = ("auto", "on", "off")
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "fp16": "float16"}
 
 
 def compile_conflict(weight_layout: str, cuda_graphs: str) -> str | None:
@@ -40,8 +42,6 @@ def compile_conflict(weight_layout: str, cuda_graphs: str) -> str | None:
     if cuda_graphs == "on":
         return "--compile with --cuda-graphs on: choose one way to capture the forwards"
     return None
-DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-          "float16": "float16", "fp16": "float16"}
 
 
 @dataclass
@@ -144,8 +144,9 @@ class RunConfig:
         if self.device == "cpu" and engine.cpu_dtypes and \
                 DTYPES.get(self.dtype or "float32", "float32") not in engine.cpu_dtypes:
             raise UserError(f"--dtype {self.dtype}: only {', '.join(engine.cpu_dtypes)} is supported on CPU")
-        if self.compile and compile_conflict(self.weight_layout, self.cuda_graphs):
-            raise UserError(compile_conflict(self.weight_layout, self.cuda_graphs))
+        conflict = compile_conflict(self.weight_layout, self.cuda_graphs) if self.compile else None
+        if conflict:
+            raise UserError(conflict)
         if self.cuda_graphs not in CUDA_GRAPHS:
             raise UserError(f"--cuda-graphs {self.cuda_graphs}: choose from {', '.join(CUDA_GRAPHS)}")
         if self.cuda_graphs == "on" and not self.device.startswith("cuda"):

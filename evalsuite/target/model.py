@@ -9,7 +9,6 @@ takes layer ids in that convention.
 from __future__ import annotations
 
 import contextlib
-
 import hashlib
 import json
 import os
@@ -124,8 +123,9 @@ class TargetModel:
             check_supported(cfg)
             if cfg._attn_implementation == "sdpa":
                 model.set_attn_implementation(ATTENTION)
-        if compile and compile_conflict(weight_layout, cuda_graphs):
-            raise UserError(compile_conflict(weight_layout, cuda_graphs))
+        conflict = compile_conflict(weight_layout, cuda_graphs) if compile else None
+        if conflict:
+            raise UserError(conflict)
         self.compile = compile
         # "fused": evalsuite.target.decoder's own forward (fused weights, packed block GEMMs); the HF modules stay usable
         self.fused = FusedDecoder(model) if weight_layout == "fused" else None
@@ -156,8 +156,8 @@ class TargetModel:
              cuda_graphs: str = "auto") -> "TargetModel":
         """`weight_layout`: the forward and how its Linear weights are stored and multiplied ("auto": the fused
         decoder where it supports the model, else transformers' decoder with column-major plus oneDNN block
-        kernels on CPU, as loaded elsewhere; `resolve_weight_layout`, `use_column_major_linears`). `kv_cache`: "static" (the
-        preallocated cache and GQA-folded attention of evalsuite.target.kv_cache) or "dynamic" (transformers'
+        kernels on CPU, as loaded elsewhere; `resolve_weight_layout`, `use_column_major_linears`). `kv_cache`:
+        "static" (the preallocated cache and GQA-folded attention of evalsuite.target.kv_cache) or "dynamic" (transformers'
         DynamicCache and SDPA, the engine before it). `compile`: torch.compile for the fused decoder's one-token
         decodes (`FusedDecoder.compile_decode`), or for the HF decoder's decode and verify forwards where the
         fused one does not apply (on CPU "auto" then resolves to column-major, since oneDNN's opaque tensors
