@@ -5,6 +5,10 @@
 # points (--context-points), all seven methods with the drafters shipped for this target and EAGLE-3 with a
 # 2,048-position sliding window (the label eagle3:window=2048, same drafter), then `evalsuite report`.
 # Run it on an otherwise idle machine (timings are measured); it resumes where it stopped (--resume).
+# Longer than one session: stop it, then `SAVE_PARTIAL=1 bash benchmarks/long_context_study.sh` copies the unfinished
+# runs into the tracked PARTIAL folder (benchmarks/results/long-context-study-partial for the default
+# STAGE; none for another STAGE unless PARTIAL is given); commit it, and a fresh machine's run starts
+# from it (benchmarks/publish_report.sh). The finished report holds the runs, so publishing it removes PARTIAL.
 #
 #   bash benchmarks/long_context_study.sh                       # into reports/qwen-coder-long-context/
 #   OUT=/tmp/lc STAGE=/tmp/lc-stage POINTS=2k,4k LIMIT_IDS=swebench-django__django-13933 REPEATS=1 NEW_TOKENS=8 \
@@ -20,6 +24,8 @@ cd "$(dirname "$0")/.."
 
 OUT=${OUT:-reports/qwen-coder-long-context}
 STAGE=${STAGE:-results/long-context-study}        # results/ is git-ignored
+if [ "$STAGE" = results/long-context-study ]; then PARTIAL=${PARTIAL-benchmarks/results/long-context-study-partial}
+else PARTIAL=${PARTIAL:-}; fi  # the committed unfinished runs (see above)
 TARGET=${TARGET:-qwen2.5-coder-0.5b}
 METHODS=${METHODS:-ar,ngram,suffix,dlite,eagle3,eagle3:window=2048,dflash,dspark}  # eagle3:window=2048: docs/methods.md §7
 POINTS=${POINTS:-2k,4k,8k,12k,16k,24k,32k}
@@ -35,6 +41,8 @@ RESAMPLES=${RESAMPLES:-2000}
 EVALSUITE=${EVALSUITE:-evalsuite}
 PY=${PY:-.venv/bin/python}
 
+. benchmarks/publish_report.sh
+if [ "${SAVE_PARTIAL:-0}" = 1 ]; then save_partial "$STAGE" "$PARTIAL"; exit $?; fi
 if [ -z "${ALLOW_DIRTY:-}" ] && [ -n "$(git status --porcelain --untracked-files=no)" ]; then
   echo "long_context_study.sh: the working tree has uncommitted changes (the runs would record a +dirty commit);" \
        "commit first, or ALLOW_DIRTY=1 for a preview" >&2
@@ -44,7 +52,7 @@ if [ -z "$LIMIT_IDS" ]; then
   LIMIT_IDS=$("$PY" benchmarks/long_context_study.py --target "$TARGET" --subset "$SUBSET" --min-tokens 20000 \
     --count "$COUNT")
 fi
-mkdir -p "$STAGE/runs"
+seed_partial "$STAGE" "$PARTIAL"
 if [ -z "${SKIP_COST:-}" ] && [ ! -s "$STAGE/context_cost_cpu.txt" ]; then  # the engine's costs, beside the study
   COST=(benchmarks/context_cost.py --target "$TARGET" --contexts 1024,8192,16384,32000 --layouts auto --repeats 5)
   { echo "# python ${COST[*]}  (commit $(git rev-parse --short HEAD), $(date -u +%F))"; "$PY" "${COST[@]}"; } \
@@ -64,6 +72,6 @@ if [ -n "${LONGBENCH_LIMIT:-8}" ] && [ "${LONGBENCH_LIMIT:-8}" != 0 ]; then
 fi
 rm -rf "$STAGE/tables" "$STAGE/figures" "$STAGE/index.html" "$STAGE/report.md"
 $EVALSUITE report "$STAGE/runs/swebench-points" ${LONGBENCH_RUN:-} --out "$STAGE" --resamples "$RESAMPLES"
-. benchmarks/publish_report.sh
 publish_report "$STAGE" "$OUT"  # its hand-written README is kept
+if [ -n "$PARTIAL" ]; then rm -rf "$PARTIAL"; fi  # the report holds the runs now
 echo "long-context report in $OUT (open $OUT/index.html)"
