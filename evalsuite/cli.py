@@ -156,8 +156,8 @@ def run(
     kv_cache: str = typer.Option("static", help="static | dynamic: the target's KV cache (static: preallocated, "
                                  "in-place, rollback by length, GQA-folded attention; dynamic: transformers' "
                                  "DynamicCache, the engine before it)."),
-    compile: bool = typer.Option(False, "--compile", help="The fused decoder's one-token decodes through "
-                                 "torch.compile (transformers' decoder's decode and verify forwards with "
+    compile: bool = typer.Option(False, "--compile", help="The fused decoder's decodes and verify blocks "
+                                 "through torch.compile (transformers' decoder's decode and verify forwards with "
                                  "--weight-layout column-major); compiled during the warm-up; recorded."),
     cuda_graphs: str = typer.Option("auto", help="auto | on | off: decode and verify forwards of 1…k+1 tokens "
                                     "replayed from CUDA graphs captured before timing (auto: on CUDA with the "

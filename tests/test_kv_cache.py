@@ -192,7 +192,7 @@ def test_compile_with_onednn_blocks_is_a_one_line_error(tiny_llama_dir):
         TargetModel.load(str(tiny_llama_dir), weight_layout="column-major+onednn", compile=True)
 
 
-def test_the_fused_decoders_compiled_decode_matches_eager_over_a_growing_context_without_recompiling(
+def test_the_fused_decoders_compiled_decode_and_blocks_match_eager_over_a_growing_context_without_recompiling(
         tiny_llama_dir):
     from torch._dynamo.utils import counters
 
@@ -200,34 +200,55 @@ def test_the_fused_decoders_compiled_decode_matches_eager_over_a_growing_context
     compiled = TargetModel.load(str(tiny_llama_dir), compile=True)
     assert compiled.weight_layout == eager.weight_layout == "fused" and compiled.fused._compiled_decode is not None
     for target in (eager, compiled):
-        target.prepare_blocks(8)
+        target.prepare_blocks(8)  # blocks of 3 … 8 rows pad to 8 on packed weights; 2 and 9 rows do not
+    fused = compiled.fused
+    calls = {"decode": 0, "block": 0}
+
+    def counted(name, graph):
+        def call(*args):
+            calls[name] += 1
+            return graph(*args)
+        return call
+    fused._compiled_decode = counted("decode", fused._compiled_decode)
+    fused._compiled_block = counted("block", fused._compiled_block)
     caches = {name: target.new_cache() for name, target in (("eager", eager), ("compiled", compiled))}
     prompt = torch.tensor(list(range(10, 50)))
     for name, target in (("eager", eager), ("compiled", compiled)):
         target.forward(prompt, caches[name], LAYERS, last_only=True)
-    graphs_at_start, graphs_before = counters["stats"]["unique_graphs"], None
+    graphs_at_start = counters["stats"]["unique_graphs"]
     generator = torch.Generator().manual_seed(0)
-    for step in range(40):  # decodes at 40 … and verify blocks between them, with rollbacks
-        size = 1 if step % 3 else int(torch.randint(2, 9, (1,), generator=generator))
+
+    def step(size: int, layers: tuple[int, ...]) -> None:
         block = torch.randint(4, eager.vocab_size, (size,), generator=generator)
-        outs = {name: target.forward(block, caches[name], LAYERS if step % 2 else ())
+        outs = {name: target.forward(block, caches[name], layers)
                 for name, target in (("eager", eager), ("compiled", compiled))}
         torch.testing.assert_close(outs["compiled"].logits, outs["eager"].logits, rtol=1e-4, atol=1e-4)
-        if step % 2:
+        if layers:
             torch.testing.assert_close(outs["compiled"].hidden, outs["eager"].hidden, rtol=1e-4, atol=1e-4)
         assert torch.equal(outs["compiled"].logits.argmax(-1), outs["eager"].logits.argmax(-1))
         if size > 1:
             for cache in caches.values():
                 cache.crop_to(cache.get_seq_length() - size // 2)  # a partial rejection
         assert caches["compiled"].get_seq_length() == caches["eager"].get_seq_length()
-        if step == 9:  # both feature-layer sets seen, each decoded at two or more lengths: no graph after this
-            graphs_before = counters["stats"]["unique_graphs"]
-    assert graphs_before > graphs_at_start, "the decode never ran compiled"
-    assert counters["stats"]["unique_graphs"] == graphs_before, "a growing context recompiled the decode"
-    # the compiled decode wrote the same K/V: a fresh eager decode after both histories agrees
+
+    # every shape once for both feature-layer sets (a decode, plain blocks, a block padded to the packed 8 rows),
+    # twice over at other lengths, as the engine's warm-up does
+    for _ in range(2):
+        for layers in (LAYERS, ()):
+            for size in (1, 2, 5, 9):
+                step(size, layers)
+    graphs_before = counters["stats"]["unique_graphs"]
+    assert graphs_before > graphs_at_start, "nothing ran compiled"
+    for index in range(40):  # then decodes and blocks of 1 … 9 rows at growing lengths, with rollbacks
+        step(1 if index % 3 == 0 else int(torch.randint(2, 10, (1,), generator=generator)),
+             LAYERS if index % 2 else ())
+    assert counters["stats"]["unique_graphs"] == graphs_before, "a growing context recompiled"
+    assert calls["decode"] >= 16 and calls["block"] >= 30  # every decode and every block ran compiled
+    # the compiled forwards wrote the same K/V: a fresh eager decode after both histories agrees
     probe = torch.tensor([7])
     a = eager.forward(probe, caches["eager"]).logits
-    b = compiled.forward(probe, caches["compiled"]).logits
+    with compiled.eager():
+        b = compiled.forward(probe, caches["compiled"]).logits
     torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
 
 

@@ -34,9 +34,24 @@ import torch
 import torch.nn.functional as F
 
 _ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@torch.library.custom_op("evalsuite::mkl_packed_linear", mutates_args=())
+def mkl_packed_linear(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                      rows: int) -> torch.Tensor:
+    """MKL's product on weights packed for `rows` rows (`torch.ops.mkl._mkl_linear`) as an operator torch.compile
+    can trace: MKL's own has no shape function, so inductor cannot place it in a graph; this one declares its
+    output shape ([rows, out]) and inductor calls it as an opaque kernel. Eager forwards call MKL's directly."""
+    return torch.ops.mkl._mkl_linear(x, packed, weight, bias, rows)
+
+
+@mkl_packed_linear.register_fake
+def _(x, packed, weight, bias, rows):
+    return x.new_empty(x.shape[0], weight.shape[0])
 PREFILL_CHUNK = 1024  # rows per forward of a long prefill: bounds the mask and the MLP activations
 MIN_PACKED_ROWS = 3  # blocks of 1-2 rows run on the plain product, which is cheaper there than a padded block
 BLOCK_ATTENTION_ROWS = 32  # CPU blocks of 2 … this many rows attend by `_block_attention` (scores held in memory)
+COMPILED_MAX_BLOCK = 16  # under --compile, decodes and verify blocks of up to this many rows run compiled
 
 
 def _mkl_packing_available() -> bool:
@@ -92,6 +107,14 @@ def _fuse(rows: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | Non
     return weight, bias
 
 
+def _static_widths(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """The row count and the hidden and head widths of a compiled forward's inputs are constants of its graph, only
+    the context length is symbolic (`compile_decode`)."""
+    for tensor, dims in ((x, (1, 2)), (cos, (1, 3)), (sin, (1, 3))):
+        for dim in dims:
+            torch._dynamo.mark_static(tensor, dim)
+
+
 class FusedDecoder:
     """A decoder-only LM's forward over evalsuite.target.kv_cache's `KVCache`, on the model's own (fused) weights."""
 
@@ -137,6 +160,7 @@ class FusedDecoder:
         self.block_attention = "gemm" if self.device.type == "cpu" else "sdpa"
         self._scores = torch.empty(0, dtype=self.embed.dtype, device=self.device)  # `_block_attention`'s buffer
         self._compiled_decode = None  # `compile_decode`: the one-token decode's layers through torch.compile
+        self._compiled_block = None  # and a verify block's (2 … COMPILED_MAX_BLOCK rows)
 
     # ---- set-up ------------------------------------------------------------------------------------------
     def prepare_blocks(self, rows: int) -> bool:
@@ -152,6 +176,8 @@ class FusedDecoder:
         for layer in self.layers:
             layer.packed = {name: pack(getattr(layer, name), rows) for name in ("qkv", "o", "gate_up", "down")}
         self.head_packed = pack(self.head, rows)
+        for packed in [self.head_packed, *(w for layer in self.layers for w in layer.packed.values())]:
+            torch._dynamo.mark_static(packed)  # constants of the compiled graphs, as the weights (`compile_decode`)
         self.block_rows = rows
         return True
 
@@ -162,9 +188,27 @@ class FusedDecoder:
         the graph is built on first use, i.e. in the untimed warm-up, and kept in inductor's on-disk cache). The
         output head and verify blocks stay eager. What it removes is Python's and the small ops' dispatch, ~4–8 ms
         of a CPU decode here; at long contexts most of the rest above the memory floor is attention
-        (benchmarks/results/context_cost_compile_cpu.txt)."""
+        (benchmarks/results/context_cost_compile_cpu.txt).
+
+        Verify blocks of 2 … COMPILED_MAX_BLOCK rows (batch 1) run compiled too (`_block_layers`), so that under
+        --compile a method's verify step and `ar`'s decode are made the same way: a block's attention is two
+        batched GEMMs and a softmax under the causal mask (the eager block attention's math; the padded rows that
+        follow the real ones are computed and dropped), its products on the packed weights through
+        `mkl_packed_linear`. One graph per row count and set of feature layers (blocks padded to the packed size
+        are one shape; the engine's warm-up builds every one), the context length symbolic."""
+        # Only the context length varies: the weights' shapes and a forward's row count are constants of its graph
+        # (with every size symbolic, a first block whose rows × heads happen to equal a width ties them by a guard)
+        for layer in self.layers:
+            for weight in (layer.norm1, layer.qkv, layer.qkv_bias, layer.o, layer.norm2, layer.gate_up, layer.down,
+                           layer.q_norm, layer.k_norm):
+                if weight is not None:
+                    torch._dynamo.mark_static(weight)
+        for weight in (self.embed, self.final_norm, self.head):
+            torch._dynamo.mark_static(weight)
         if self._compiled_decode is None:
             self._compiled_decode = torch.compile(self._decode_layers, dynamic=True, fullgraph=True)
+        if self._compiled_block is None:
+            self._compiled_block = torch.compile(self._block_layers, dynamic=True, fullgraph=True)
 
     def _decode_layers(self, x, keys: list[torch.Tensor], values: list[torch.Tensor], start: int, cos, sin,
                        layer_ids: tuple[int, ...]):
@@ -178,6 +222,31 @@ class FusedDecoder:
             return write
         return self._layers(x, [writer(k, v) for k, v in zip(keys, values)], cos, sin, self._sdpa(None), 1, 1,
                             layer_ids)
+
+    def _block_layers(self, x, keys: list[torch.Tensor], values: list[torch.Tensor], start: int, cos, sin,
+                      layer_ids: tuple[int, ...]):
+        """`_layers` for a block of x.shape[1] rows at positions start …, writing into the whole K/V buffers and
+        attending over their first start + rows positions; row i sees the columns up to start + i."""
+        rows = x.shape[1]
+        end = start + rows
+
+        def writer(k_buffer, v_buffer):
+            def write(k, v):
+                k_buffer[:, :, start:end].copy_(k)
+                v_buffer[:, :, start:end].copy_(v)
+                return k_buffer[:, :, :end], v_buffer[:, :, :end]
+            return write
+
+        groups, scale = self.groups, self.scaling
+        columns = torch.arange(end, device=x.device).view(1, end)
+        allowed = columns <= (start + torch.arange(rows, device=x.device)).view(rows, 1)  # [rows, end]
+        mask = allowed.repeat(groups, 1)  # folded row g·rows + i
+
+        def attend(folded, keys, values):
+            scores = torch.matmul(folded * scale, keys.transpose(-1, -2)).masked_fill(~mask, float("-inf"))
+            weights = (scores - scores.amax(dim=-1, keepdim=True)).exp()
+            return torch.matmul(weights, values) / weights.sum(dim=-1, keepdim=True)
+        return self._layers(x, [writer(k, v) for k, v in zip(keys, values)], cos, sin, attend, 1, rows, layer_ids)
 
     def _positions(self, end: int, like: torch.Tensor) -> None:
         """The rotary tables cover positions [0, end) (grown by doubling; computed by the model's own rotary
@@ -197,7 +266,10 @@ class FusedDecoder:
         rows = x.shape[0] * x.shape[1]
         if packed is not None and rows == self.block_rows:
             flat = x.reshape(rows, x.shape[-1])
-            out = torch.ops.mkl._mkl_linear(flat, packed, weight, bias, rows)
+            if torch.compiler.is_compiling():
+                out = mkl_packed_linear(flat, packed, weight, bias, self.block_rows)
+            else:
+                out = torch.ops.mkl._mkl_linear(flat, packed, weight, bias, rows)
             return out.view(x.shape[0], x.shape[1], -1)
         return F.linear(x, weight, bias)
 
@@ -231,11 +303,24 @@ class FusedDecoder:
                 all(layer.is_initialized for layer in cache.layers):
             cache.reserve(end)
             buffers = [layer.buffers() for layer in cache.layers]
+            _static_widths(x, cos, sin)
             x, hidden = self._compiled_decode(x, [k for k, _ in buffers], [v for _, v in buffers], start, cos, sin,
                                               tuple(layer_ids))
             for layer in cache.layers:
                 layer.advance(1)
             return self._outputs(x, hidden, 1, logits, last_only)
+        if 1 < rows <= COMPILED_MAX_BLOCK and batch == 1 and self._compiled_block is not None and start >= 2 and \
+                all(layer.is_initialized for layer in cache.layers):
+            cache.reserve(end)
+            buffers = [layer.buffers() for layer in cache.layers]
+            _static_widths(x, cos, sin)
+            x, hidden = self._compiled_block(x, [k for k, _ in buffers], [v for _, v in buffers], start, cos, sin,
+                                             tuple(layer_ids))
+            for layer in cache.layers:
+                layer.advance(rows)
+            if pad:
+                cache.crop_to(start + n)
+            return self._outputs(x, hidden, n, logits, last_only)
         if rows == 1:
             attend = self._sdpa(None)
         elif self.block_attention == "gemm" and rows <= BLOCK_ATTENTION_ROWS and x.dtype == torch.float32:

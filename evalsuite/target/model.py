@@ -25,11 +25,10 @@ from evalsuite.hashing import file_sha256
 from evalsuite.target import embedded
 from evalsuite.target.captured import MAX_CAPTURED_CONTEXT, CapturedSteps, PooledCache
 from evalsuite.target.chat import ChatTokenizer
-from evalsuite.target.decoder import FusedDecoder, supported
+from evalsuite.target.decoder import COMPILED_MAX_BLOCK, FusedDecoder, supported
 from evalsuite.target.kv_cache import ATTENTION, DynamicKVCache, KVCache, check_supported
 
 DEFAULT_TARGET = "default"
-COMPILED_MAX_BLOCK = 16  # decode and verify blocks run compiled under --compile; longer prefills run eagerly
 DEFAULT_TARGET_NAME = embedded.EMBEDDED[embedded.DEFAULT_KEY].name
 cache_root = embedded.cache_root
 
@@ -129,7 +128,7 @@ class TargetModel:
         self.compile = compile
         # "fused": evalsuite.target.decoder's own forward (fused weights, packed block GEMMs); the HF modules stay usable
         self.fused = FusedDecoder(model) if weight_layout == "fused" else None
-        if compile and self.fused is not None:  # its one-token decodes in one compiled graph (`compile_decode`)
+        if compile and self.fused is not None:  # its decodes and verify blocks as compiled graphs (`compile_decode`)
             self.fused.compile_decode()
             if cuda_graphs == "auto":
                 cuda_graphs = "off"
@@ -228,16 +227,16 @@ class TargetModel:
         """Forwards without the --compile graphs inside this block (nothing is compiled in it): inductor's C++
         kernels keep the OpenMP thread count they were built with, so a thread-count measurement must not be the
         one that builds them."""
-        fused = self.fused._compiled_decode if self.fused is not None else None
+        fused = (self.fused._compiled_decode, self.fused._compiled_block) if self.fused is not None else None
         hf = self._compiled_decoder
         if self.fused is not None:
-            self.fused._compiled_decode = None
+            self.fused._compiled_decode = self.fused._compiled_block = None
         self._compiled_decoder = None
         try:
             yield self
         finally:
             if self.fused is not None:
-                self.fused._compiled_decode = fused
+                self.fused._compiled_decode, self.fused._compiled_block = fused
             self._compiled_decoder = hf
 
     def prepare_layers(self, layer_sets) -> int:
