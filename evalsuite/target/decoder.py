@@ -299,23 +299,12 @@ class FusedDecoder:
         self._positions(end, x)
         cos = self._cos[start:end].view(1, rows, 1, self.head_dim)
         sin = self._sin[start:end].view(1, rows, 1, self.head_dim)
-        if rows == 1 and batch == 1 and self._compiled_decode is not None and start >= 2 and \
-                all(layer.is_initialized for layer in cache.layers):
-            cache.reserve(end)
+        graph = self._compiled_decode if rows == 1 else self._compiled_block if rows <= COMPILED_MAX_BLOCK else None
+        if graph is not None and batch == 1 and start >= 2 and all(layer.is_initialized for layer in cache.layers):
+            cache.reserve(end)  # --compile: the layers write into the whole preallocated K/V buffers
             buffers = [layer.buffers() for layer in cache.layers]
             _static_widths(x, cos, sin)
-            x, hidden = self._compiled_decode(x, [k for k, _ in buffers], [v for _, v in buffers], start, cos, sin,
-                                              tuple(layer_ids))
-            for layer in cache.layers:
-                layer.advance(1)
-            return self._outputs(x, hidden, 1, logits, last_only)
-        if 1 < rows <= COMPILED_MAX_BLOCK and batch == 1 and self._compiled_block is not None and start >= 2 and \
-                all(layer.is_initialized for layer in cache.layers):
-            cache.reserve(end)
-            buffers = [layer.buffers() for layer in cache.layers]
-            _static_widths(x, cos, sin)
-            x, hidden = self._compiled_block(x, [k for k, _ in buffers], [v for _, v in buffers], start, cos, sin,
-                                             tuple(layer_ids))
+            x, hidden = graph(x, [k for k, _ in buffers], [v for _, v in buffers], start, cos, sin, tuple(layer_ids))
             for layer in cache.layers:
                 layer.advance(rows)
             if pad:
