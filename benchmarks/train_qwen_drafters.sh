@@ -22,7 +22,7 @@
 # drafter's steps cannot change once its training has begun). METHODS (default dlite,eagle3,dspark,dflash) picks
 # the drafters this invocation trains and evaluates: once the data stage is done, two invocations with disjoint
 # METHODS and THREADS=1 train two drafters at once (a drafter's step is bound by more than its two threads' FLOPs);
-# METHODS=none runs only the data stage.
+# METHODS=none runs only the data stage; SKIP_DATA=1 skips it (an evaluation of a finished drafter needs no features).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/qwen-drafters}
@@ -101,7 +101,9 @@ evaluate() {
 }
 
 # prompts, held-out list, regenerated replies, logged agent labels and the feature cache, once for all four
-stage data $EVALSUITE train --method dlite --out "$OUT/dlite" --prepare-only --threads "$THREADS" "${DATA[@]}"
+if [ "${SKIP_DATA:-0}" != 1 ]; then
+  stage data $EVALSUITE train --method dlite --out "$OUT/dlite" --prepare-only --threads "$THREADS" "${DATA[@]}"
+fi
 # DLite single-stage (the recipe that measured better than two-stage at a CPU budget, baselines/drafters/README.md)
 load_steps
 stage dlite $EVALSUITE train --method dlite --out "$OUT/dlite" --steps "${DLITE_STEPS:-6000}" \
