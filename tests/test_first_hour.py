@@ -73,7 +73,7 @@ def test_an_idle_measurement_is_not_contended():
 
 def test_the_printed_resume_command_run_as_printed_continues_the_run(tiny_llama_dir, tmp_path):
     out = tmp_path / "interrupted"
-    args = run_args(tiny_llama_dir, out, "--max-new-tokens", "48")
+    args = run_args(tiny_llama_dir, out, "--max-new-tokens", "400")  # long enough that SIGINT lands mid-run under load
     proc = subprocess.Popen([sys.executable, "-m", "evalsuite.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=child_env(), cwd=tmp_path)
     deadline = time.time() + 300
