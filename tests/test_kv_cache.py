@@ -198,19 +198,18 @@ def test_the_fused_decoders_compiled_decode_and_blocks_match_eager_over_a_growin
 
     eager = TargetModel.load(str(tiny_llama_dir))
     compiled = TargetModel.load(str(tiny_llama_dir), compile=True)
-    assert compiled.weight_layout == eager.weight_layout == "fused" and compiled.fused._compiled_decode is not None
+    assert compiled.weight_layout == eager.weight_layout == "fused" and compiled.fused._compiled is not None
     for target in (eager, compiled):
         target.prepare_blocks(8)  # blocks of 3 … 8 rows pad to 8 on packed weights; 2 and 9 rows do not
     fused = compiled.fused
     calls = {"decode": 0, "block": 0}
 
-    def counted(name, graph):
-        def call(*args):
-            calls[name] += 1
-            return graph(*args)
-        return call
-    fused._compiled_decode = counted("decode", fused._compiled_decode)
-    fused._compiled_block = counted("block", fused._compiled_block)
+    graph = fused._compiled
+
+    def counted(x, *args):
+        calls["decode" if x.shape[1] == 1 else "block"] += 1
+        return graph(x, *args)
+    fused._compiled = counted
     caches = {name: target.new_cache() for name, target in (("eager", eager), ("compiled", compiled))}
     prompt = torch.tensor(list(range(10, 50)))
     for name, target in (("eager", eager), ("compiled", compiled)):
@@ -260,10 +259,10 @@ def test_a_thread_measurement_runs_eagerly_so_the_compiled_kernels_are_built_at_
 
     engine = HfEngine(RunConfig(methods=["ar"], task="mt-bench", target=str(tiny_llama_dir), compile=True, threads=2))
     engine.start(["ar"], 2)
-    compiled = engine.target.fused._compiled_decode
+    compiled = engine.target.fused._compiled
     graphs = counters["stats"]["unique_graphs"]
     choice = engine._measure_threads([1, 2])
     assert counters["stats"]["unique_graphs"] == graphs, "the thread measurement built the compiled decode"
-    assert engine.target.fused._compiled_decode is compiled  # restored afterwards
+    assert engine.target.fused._compiled is compiled  # restored afterwards
     assert "measured on the eager forward" in choice["rule"] and choice["chosen"] in (1, 2)
     torch.set_num_threads(1)

@@ -34,6 +34,10 @@ import torch
 import torch.nn.functional as F
 
 _ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+PREFILL_CHUNK = 1024  # rows per forward of a long prefill: bounds the mask and the MLP activations
+MIN_PACKED_ROWS = 3  # blocks of 1-2 rows run on the plain product, which is cheaper there than a padded block
+BLOCK_ATTENTION_ROWS = 32  # CPU blocks of 2 … this many rows attend by `_block_attention` (scores held in memory)
+COMPILED_MAX_BLOCK = 16  # under --compile, decodes and verify blocks of up to this many rows run compiled
 
 
 @torch.library.custom_op("evalsuite::mkl_packed_linear", mutates_args=())
@@ -48,10 +52,6 @@ def mkl_packed_linear(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tenso
 @mkl_packed_linear.register_fake
 def _(x, packed, weight, bias, rows):
     return x.new_empty(x.shape[0], weight.shape[0])
-PREFILL_CHUNK = 1024  # rows per forward of a long prefill: bounds the mask and the MLP activations
-MIN_PACKED_ROWS = 3  # blocks of 1-2 rows run on the plain product, which is cheaper there than a padded block
-BLOCK_ATTENTION_ROWS = 32  # CPU blocks of 2 … this many rows attend by `_block_attention` (scores held in memory)
-COMPILED_MAX_BLOCK = 16  # under --compile, decodes and verify blocks of up to this many rows run compiled
 
 
 def _mkl_packing_available() -> bool:
@@ -159,8 +159,7 @@ class FusedDecoder:
         # benchmarks/context_cost.py, layout suffix +sdpa)
         self.block_attention = "gemm" if self.device.type == "cpu" else "sdpa"
         self._scores = torch.empty(0, dtype=self.embed.dtype, device=self.device)  # `_block_attention`'s buffer
-        self._compiled_decode = None  # `compile_decode`: the one-token decode's layers through torch.compile
-        self._compiled_block = None  # and a verify block's (2 … COMPILED_MAX_BLOCK rows)
+        self._compiled = None  # `compile_decode`: decodes' and verify blocks' layers through torch.compile
 
     # ---- set-up ------------------------------------------------------------------------------------------
     def prepare_blocks(self, rows: int) -> bool:
@@ -190,7 +189,7 @@ class FusedDecoder:
         of a CPU decode here; at long contexts most of the rest above the memory floor is attention
         (benchmarks/results/context_cost_compile_cpu.txt).
 
-        Verify blocks of 2 … COMPILED_MAX_BLOCK rows (batch 1) run compiled too (`_block_layers`), so that under
+        Verify blocks of 2 … COMPILED_MAX_BLOCK rows (batch 1) run compiled too (`_compiled_layers`), so that under
         --compile a method's verify step and `ar`'s decode are made the same way: a block's attention is two
         batched GEMMs and a softmax under the causal mask (the eager block attention's math; the padded rows that
         follow the real ones are computed and dropped), its products on the packed weights through
@@ -205,28 +204,14 @@ class FusedDecoder:
                     torch._dynamo.mark_static(weight)
         for weight in (self.embed, self.final_norm, self.head):
             torch._dynamo.mark_static(weight)
-        if self._compiled_decode is None:
-            self._compiled_decode = torch.compile(self._decode_layers, dynamic=True, fullgraph=True)
-        if self._compiled_block is None:
-            self._compiled_block = torch.compile(self._block_layers, dynamic=True, fullgraph=True)
+        if self._compiled is None:
+            self._compiled = torch.compile(self._compiled_layers, dynamic=True, fullgraph=True)
 
-    def _decode_layers(self, x, keys: list[torch.Tensor], values: list[torch.Tensor], start: int, cos, sin,
-                       layer_ids: tuple[int, ...]):
-        """`_layers` for one token at position `start`, writing into the whole K/V buffers ([1, kv_heads,
-        capacity, head_dim] each) and attending over their first start + 1 positions."""
-        def writer(k_buffer, v_buffer):
-            def write(k, v):
-                k_buffer[:, :, start:start + 1].copy_(k)
-                v_buffer[:, :, start:start + 1].copy_(v)
-                return k_buffer[:, :, :start + 1], v_buffer[:, :, :start + 1]
-            return write
-        return self._layers(x, [writer(k, v) for k, v in zip(keys, values)], cos, sin, self._sdpa(None), 1, 1,
-                            layer_ids)
-
-    def _block_layers(self, x, keys: list[torch.Tensor], values: list[torch.Tensor], start: int, cos, sin,
-                      layer_ids: tuple[int, ...]):
-        """`_layers` for a block of x.shape[1] rows at positions start …, writing into the whole K/V buffers and
-        attending over their first start + rows positions; row i sees the columns up to start + i."""
+    def _compiled_layers(self, x, keys: list[torch.Tensor], values: list[torch.Tensor], start: int, cos, sin,
+                         layer_ids: tuple[int, ...]):
+        """`_layers` for x.shape[1] rows at positions start …, writing into the whole K/V buffers ([1, kv_heads,
+        capacity, head_dim] each) and attending over their first start + rows positions: one token by SDPA, a
+        block by two GEMMs and a softmax in which row i sees the columns up to start + i."""
         rows = x.shape[1]
         end = start + rows
 
@@ -237,15 +222,16 @@ class FusedDecoder:
                 return k_buffer[:, :, :end], v_buffer[:, :, :end]
             return write
 
-        groups, scale = self.groups, self.scaling
-        columns = torch.arange(end, device=x.device).view(1, end)
-        allowed = columns <= (start + torch.arange(rows, device=x.device)).view(rows, 1)  # [rows, end]
-        mask = allowed.repeat(groups, 1)  # folded row g·rows + i
+        attend = self._sdpa(None)
+        if rows > 1:
+            columns = torch.arange(end, device=x.device).view(1, end)
+            allowed = columns <= (start + torch.arange(rows, device=x.device)).view(rows, 1)  # [rows, end]
+            mask = allowed.repeat(self.groups, 1)  # folded row g·rows + i
 
-        def attend(folded, keys, values):
-            scores = torch.matmul(folded * scale, keys.transpose(-1, -2)).masked_fill(~mask, float("-inf"))
-            weights = (scores - scores.amax(dim=-1, keepdim=True)).exp()
-            return torch.matmul(weights, values) / weights.sum(dim=-1, keepdim=True)
+            def attend(folded, keys, values):
+                scores = torch.matmul(folded * self.scaling, keys.transpose(-1, -2)).masked_fill(~mask, float("-inf"))
+                weights = (scores - scores.amax(dim=-1, keepdim=True)).exp()
+                return torch.matmul(weights, values) / weights.sum(dim=-1, keepdim=True)
         return self._layers(x, [writer(k, v) for k, v in zip(keys, values)], cos, sin, attend, 1, rows, layer_ids)
 
     def _positions(self, end: int, like: torch.Tensor) -> None:
@@ -266,10 +252,8 @@ class FusedDecoder:
         rows = x.shape[0] * x.shape[1]
         if packed is not None and rows == self.block_rows:
             flat = x.reshape(rows, x.shape[-1])
-            if torch.compiler.is_compiling():
-                out = mkl_packed_linear(flat, packed, weight, bias, self.block_rows)
-            else:
-                out = torch.ops.mkl._mkl_linear(flat, packed, weight, bias, rows)
+            product = mkl_packed_linear if torch.compiler.is_compiling() else torch.ops.mkl._mkl_linear
+            out = product(flat, packed, weight, bias, rows)
             return out.view(x.shape[0], x.shape[1], -1)
         return F.linear(x, weight, bias)
 
@@ -299,7 +283,7 @@ class FusedDecoder:
         self._positions(end, x)
         cos = self._cos[start:end].view(1, rows, 1, self.head_dim)
         sin = self._sin[start:end].view(1, rows, 1, self.head_dim)
-        graph = self._compiled_decode if rows == 1 else self._compiled_block if rows <= COMPILED_MAX_BLOCK else None
+        graph = self._compiled if rows <= COMPILED_MAX_BLOCK else None
         if graph is not None and batch == 1 and start >= 2 and all(layer.is_initialized for layer in cache.layers):
             cache.reserve(end)  # --compile: the layers write into the whole preallocated K/V buffers
             buffers = [layer.buffers() for layer in cache.layers]

@@ -227,16 +227,16 @@ class TargetModel:
         """Forwards without the --compile graphs inside this block (nothing is compiled in it): inductor's C++
         kernels keep the OpenMP thread count they were built with, so a thread-count measurement must not be the
         one that builds them."""
-        fused = (self.fused._compiled_decode, self.fused._compiled_block) if self.fused is not None else None
+        fused = self.fused._compiled if self.fused is not None else None
         hf = self._compiled_decoder
         if self.fused is not None:
-            self.fused._compiled_decode = self.fused._compiled_block = None
+            self.fused._compiled = None
         self._compiled_decoder = None
         try:
             yield self
         finally:
             if self.fused is not None:
-                self.fused._compiled_decode, self.fused._compiled_block = fused
+                self.fused._compiled = fused
             self._compiled_decoder = hf
 
     def prepare_layers(self, layer_sets) -> int:
