@@ -38,6 +38,10 @@ PREFILL_CHUNK = 1024  # rows per forward of a long prefill: bounds the mask and 
 MIN_PACKED_ROWS = 3  # blocks of 1-2 rows run on the plain product, which is cheaper there than a padded block
 BLOCK_ATTENTION_ROWS = 32  # CPU blocks of 2 … this many rows attend by `_block_attention` (scores held in memory)
 COMPILED_MAX_BLOCK = 16  # under --compile, decodes and verify blocks of up to this many rows run compiled
+# graphs dynamo may keep for `_compiled_layers` (its default is 8): one per row count (1 … COMPILED_MAX_BLOCK) ×
+# feature-layer set × torch thread count (`--threads auto` measures several) × decoder in the process (a sweep,
+# a Ray worker or the test suite loads many); past the limit, fullgraph=True fails the run instead of recompiling
+COMPILED_GRAPH_LIMIT = 512
 
 
 @torch.library.custom_op("evalsuite::mkl_packed_linear", mutates_args=())
@@ -204,6 +208,9 @@ class FusedDecoder:
                     torch._dynamo.mark_static(weight)
         for weight in (self.embed, self.final_norm, self.head):
             torch._dynamo.mark_static(weight)
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, COMPILED_GRAPH_LIMIT)
+        config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 2 * COMPILED_GRAPH_LIMIT)
         if self._compiled is None:
             self._compiled = torch.compile(self._compiled_layers, dynamic=True, fullgraph=True)
 
