@@ -297,3 +297,21 @@ def test_an_unfinished_run_is_named(tmp_path):
     notes = load_results([run], base=tmp_path / "report").notes
     assert notes == ["part: alpha finished 1 of the 3 selected samples (finish it with `evalsuite run ... "
                      "--out ../part --resume`)"]
+
+
+def test_a_run_resumed_on_another_machine_names_both_machines_and_says_its_speedups_mix_them(tmp_path):
+    from evalsuite.report.build import environment_table
+
+    first = {"device_name": "cpu: Intel(R) Xeon(R) Platinum, 2 threads", "versions": {}}
+    other = {"device_name": "cpu: AMD EPYC, 2 threads", "versions": {}}
+    mixed = write_run(tmp_path / "mixed", "gsm8k", {"alpha": ALPHA_GSM8K}, environment=first,
+                      resumes=[{"methods": ["alpha"], "added_methods": [], "environment": first},
+                               {"methods": ["alpha"], "added_methods": [], "environment": other}])
+    one = write_run(tmp_path / "one", "gsm8k", {"alpha": ALPHA_GSM8K}, environment=first,
+                    resumes=[{"methods": ["alpha"], "added_methods": [], "environment": first}])
+    table = environment_table(load_results([mixed, one]))
+    row = table.csv.set_index("run")["machines"]
+    assert row["mixed"] == "cpu: Intel(R) Xeon(R) Platinum, 2 threads; cpu: AMD EPYC, 2 threads"
+    assert row["one"] == "cpu: Intel(R) Xeon(R) Platinum, 2 threads"
+    said = [n for n in table.notes if "more than one machine" in n]
+    assert len(said) == 1 and said[0].startswith("run(s) mixed were decoded") and " one," not in said[0]

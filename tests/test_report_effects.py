@@ -104,3 +104,37 @@ def test_the_context_effect_figure_draws_each_trajectory_and_the_pooled_slope():
     assert np.log(y[-1] / y[0]) / np.log(x[-1] / x[0]) == pytest.approx(table.slope_log_speedup.iloc[0])
     single = planted(0.0, 0.0, n_traj=0, single_turn_extra=3)
     assert context_effect_figure(*single, effects.context_effect(*single, n_resamples=50)) is None
+
+
+def test_a_trajectory_timed_on_two_machines_keeps_each_machines_speedup_level_apart():
+    """A study resumed on slower hardware: every trajectory's later (longer) turns were decoded on a machine where
+    the speedup is 30 % lower at every context. With no context effect on either machine the speedup slope is 0
+    (a trajectory-only fixed effect would read the machine change as a fall with context); τ is unaffected; the
+    clusters are still the trajectories."""
+    rng = np.random.default_rng(3)
+    turn_rows, step_rows = [], []
+    for i in range(10):
+        sample = f"s{i}"
+        for t in range(6):
+            context = int(2000 * 2 ** (i / 4) * 1.3 ** t)
+            machine = "cpu (Intel)" if t < 3 else "cpu (AMD EPYC)"
+            log_sp = 0.1 + (0.0 if t < 3 else np.log(0.7)) + 0.01 * rng.standard_normal()
+            for method, decode_s in (("m", 1.0 / np.exp(log_sp)), ("ar", 1.0)):
+                row = turn_row(method, sample, t, context, decode_s=decode_s)
+                row["worker_host"], row["worker_device"] = "vm", machine
+                turn_rows.append(row)
+            step_rows += steps_with_tau("m", sample, t, context, 2.0, n_steps=50)
+    steps, turns = frames(turn_rows, step_rows)
+    row = effects.context_effect(steps, turns, n_resamples=200).iloc[0]
+    assert abs(row.slope_log_speedup) < 0.03 and row.slope_lo < 0 < row.slope_hi
+    assert row.n_trajectories == 10  # clusters: the trajectories, not their machine halves
+    mixed = turns.assign(worker_device="cpu")  # the same turns without the machine recorded
+    naive = effects.context_effect(steps, mixed, n_resamples=200).iloc[0]
+    assert naive.slope_log_speedup < -0.3 and naive.slope_hi < 0
+    # the difference of two methods' slopes uses the same cells
+    ones = turns[turns.method == "m"].assign(method="n")
+    steps_n = steps[steps.method == "m"].assign(method="n")
+    import pandas as pd
+    diff = effects.slope_differences(pd.concat([steps, steps_n]), pd.concat([turns, ones]), n_resamples=200)
+    speed = diff[diff.measure == "log_speedup"].iloc[0]
+    assert speed.slope_a == pytest.approx(row.slope_log_speedup) and speed.difference == pytest.approx(0.0)

@@ -95,7 +95,8 @@ class HfEngine(Engine):
                                        cfg.compile, cfg.cuda_graphs)
         self.packed_blocks = self.target.prepare_blocks(cfg.k + 1)  # untimed: verify blocks of up to k+1 rows
         self.chat = self.target.chat
-        self.device_label = str(self.target.device)
+        # the records' `worker_device`: on a CPU with its model, so turns timed on different machines stay apart
+        self.device_label = f"cpu ({_cpu_model()})" if self.target.device.type == "cpu" else str(self.target.device)
         self.clock = DeviceClock(self.target.device)
         for name in methods:
             options = dict(cfg.method_options.get(name, {}))
@@ -260,7 +261,7 @@ def device_facts(device: torch.device) -> dict:
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     else:
-        name = f"cpu: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+        name = f"cpu: {_cpu_model()}, {torch.get_num_threads()} threads"
     return {"device_name": name, "cuda": torch.version.cuda}
 
 

@@ -9,6 +9,11 @@ the slope only uses how a trajectory's own turns move as its context grows.
 - slope_log_speedup: d log(speedup) / d log(context). A slope b means the speedup changes by a factor 2**b per
   doubling of the context (b = 0.1: +7 % per doubling).
 - slope_tau: d τ / d log(context) (τ itself, not its log; per doubling: b * ln 2).
+- The speedup's fixed effects are (trajectory, machine): a trajectory decoded partly on one machine and partly on
+  another (a study resumed across sessions on different hardware) keeps each machine's level apart, so only how
+  the speedup moves with context on one machine enters the slope; the clusters stay whole trajectories. τ does not
+  depend on the machine and keeps one fixed effect per trajectory. The machine of a turn is its row's
+  worker_host/worker_device (on a CPU, with the CPU model since evalsuite records it).
 - 95 % interval: percentile cluster bootstrap over trajectories (whole trajectories resampled with replacement;
   a copy drawn twice gets its own fixed effect, so each resample is the same estimator on the resampled set).
 - A trajectory with one usable turn (or with all its turns at one context) carries no within information: it
@@ -46,7 +51,8 @@ EFFECT_EXTRA_COLUMNS = ["n_turns_all", "n_trajectories_all", "n_trajectories_tau
 EFFECT_CONVENTION = (
     "within-trajectory context effect: per task and method, the paired per-turn log speedup (the method's decode "
     "time per token against `ar`'s on the same turn) and the per-turn τ are each regressed on log context with "
-    "trajectory fixed effects (x and y demeaned within each trajectory); slope_log_speedup b means ×2^b per "
+    "trajectory fixed effects (x and y demeaned within each trajectory; for the speedup, within each trajectory's "
+    "turns on one machine, worker_host/worker_device); slope_log_speedup b means ×2^b per "
     "doubling of the context, slope_tau is the change in τ per unit log context (× ln 2 per doubling); "
     "n_trajectories and n_turns count the trajectories with at least two turns at different contexts, the only "
     "ones that carry within information (within a trajectory context grows with the turn, so the slope is the "
@@ -56,17 +62,19 @@ EFFECT_CONVENTION = (
     "whose own speedup exceeds 1")
 
 
-def within_sums(x, y, groups) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per group: (Σ x̃ỹ, Σ x̃², number of observations) with x̃, ỹ demeaned within the group, and the group labels.
+def within_sums(x, y, groups, fixed=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per group: (Σ x̃ỹ, Σ x̃², number of observations) with x̃, ỹ demeaned within the group (or within the finer
+    cells `fixed`, each nested in one group: a trajectory's turns on one machine), and the group labels.
 
     Rows where x or y is not finite are dropped first. The within (fixed-effects) slope is Σ Sxy / Σ Sxx over the
     groups; a group with one observation, or all at one x, has Sxx = 0 and carries no information."""
-    frame = pd.DataFrame({"x": np.asarray(x, float), "y": np.asarray(y, float), "g": np.asarray(groups)})
+    frame = pd.DataFrame({"x": np.asarray(x, float), "y": np.asarray(y, float), "g": np.asarray(groups),
+                          "f": np.asarray(groups if fixed is None else fixed)})
     frame = frame[np.isfinite(frame.x) & np.isfinite(frame.y)]
     if frame.empty:
         empty = np.zeros(0)
         return empty, empty, empty, np.array([], dtype=object)
-    grouped = frame.groupby("g", sort=False)
+    grouped = frame.groupby(["g", "f"], sort=False)
     dx = frame.x - grouped.x.transform("mean")
     dy = frame.y - grouped.y.transform("mean")
     sums = pd.DataFrame({"sxy": dx * dy, "sxx": dx * dx, "n": 1.0, "g": frame.g}).groupby("g", sort=False).sum()
@@ -74,12 +82,13 @@ def within_sums(x, y, groups) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
 
 
 def within_slope(x, y, groups, seed: int = 0, n_resamples: int = stats.DEFAULT_RESAMPLES,
-                 min_groups: int = MIN_INTERVAL_TRAJECTORIES) -> dict:
+                 min_groups: int = MIN_INTERVAL_TRAJECTORIES, fixed=None) -> dict:
     """The fixed-effects slope of y on x with groups as the fixed effects, and its cluster-bootstrap 95 % interval.
 
     Returns {slope, lo, hi, n_groups, n_obs}: n_groups/n_obs count only the groups with within information
-    (Sxx > 0, up to rounding); the interval is NaN with fewer than `min_groups` of them."""
-    sxy, sxx, n, _ = within_sums(x, y, groups)
+    (Sxx > 0, up to rounding); the interval is NaN with fewer than `min_groups` of them. `fixed`: finer fixed-
+    effect cells nested in the groups (`within_sums`); the bootstrap still resamples whole groups."""
+    sxy, sxx, n, _ = within_sums(x, y, groups, fixed)
     informative = sxx > 1e-12 * max(1.0, float(sxx.max()) if len(sxx) else 1.0)
     sxy, sxx, n = sxy[informative], sxx[informative], n[informative]
     out = {"slope": float("nan"), "lo": float("nan"), "hi": float("nan"), "n_groups": int(informative.sum()),
@@ -107,10 +116,20 @@ def turn_table(steps: pd.DataFrame, turns: pd.DataFrame) -> pd.DataFrame:
     steps = steps[steps.method != BASELINE]
     table = metrics.per_turn(steps, turns)
     table["trajectory"] = stats.trajectory_keys(table) if len(table) else pd.Series(dtype=str)
+    table["machine"] = machine_keys(table)
+    table["trajectory_machine"] = table.trajectory.astype(str) + "\0" + table.machine
     with np.errstate(divide="ignore", invalid="ignore"):
         table["log_context"] = np.log(table.context_len.astype(float).where(table.context_len > 0))
         table["log_speedup"] = np.log(table.speedup_turn.astype(float))
     return table
+
+
+def machine_keys(turns: pd.DataFrame) -> pd.Series:
+    """The machine each turn was decoded on (worker_host/worker_device; "" where a run recorded none)."""
+    parts = [turns[c].fillna("").astype(str) for c in ("worker_host", "worker_device") if c in turns.columns]
+    if not parts:
+        return pd.Series("", index=turns.index, dtype=str)
+    return parts[0] if len(parts) == 1 else parts[0] + "/" + parts[1]
 
 
 def context_effect(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0,
@@ -123,7 +142,8 @@ def context_effect(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0,
     rows = []
     for (task, method), cell in table.groupby(["task", "method"], sort=False):
         sp = within_slope(cell.log_context, cell.log_speedup, cell.trajectory,
-                          stats.cell_seed(seed, "effect-speedup", method, task), n_resamples, min_trajectories)
+                          stats.cell_seed(seed, "effect-speedup", method, task), n_resamples, min_trajectories,
+                          fixed=cell.trajectory_machine)
         ta = within_slope(cell.log_context, cell.tau, cell.trajectory,
                           stats.cell_seed(seed, "effect-tau", method, task), n_resamples, min_trajectories)
         paired_turns = cell[np.isfinite(cell.log_speedup.astype(float))]
@@ -195,7 +215,7 @@ def context_design(turns: pd.DataFrame) -> pd.DataFrame:
 # ---- the difference of two methods' within-trajectory slopes, paired over trajectories ---------------------------
 def slope_difference(x_a, y_a, groups_a, x_b, y_b, groups_b, seed: int = 0,
                      n_resamples: int = stats.DEFAULT_RESAMPLES,
-                     min_groups: int = MIN_INTERVAL_TRAJECTORIES) -> dict:
+                     min_groups: int = MIN_INTERVAL_TRAJECTORIES, fixed_a=None, fixed_b=None) -> dict:
     """slope(a) − slope(b) of the within (fixed-effects) regressions of y on x, with a PAIRED cluster bootstrap:
     the trajectories (groups) both methods carry within information on are resampled once per resample, and both
     slopes are refitted on that same resample (so what the two share, e.g. a trajectory whose context growth
@@ -203,9 +223,9 @@ def slope_difference(x_a, y_a, groups_a, x_b, y_b, groups_b, seed: int = 0,
 
     The reusable test of "does method a hold where method b falls": returns {difference, lo, hi, slope_a, slope_b,
     n_groups, n_obs_a, n_obs_b}; slopes and difference over the shared groups only; no interval below
-    `min_groups` shared groups."""
-    sxy_a, sxx_a, n_a, g_a = within_sums(x_a, y_a, groups_a)
-    sxy_b, sxx_b, n_b, g_b = within_sums(x_b, y_b, groups_b)
+    `min_groups` shared groups. `fixed_a`/`fixed_b`: finer fixed-effect cells nested in the groups (`within_sums`)."""
+    sxy_a, sxx_a, n_a, g_a = within_sums(x_a, y_a, groups_a, fixed_a)
+    sxy_b, sxx_b, n_b, g_b = within_sums(x_b, y_b, groups_b, fixed_b)
     a = pd.DataFrame({"sxy": sxy_a, "sxx": sxx_a, "n": n_a}, index=pd.Index(g_a, dtype=object))
     b = pd.DataFrame({"sxy": sxy_b, "sxx": sxx_b, "n": n_b}, index=pd.Index(g_b, dtype=object))
     scale = max(1.0, float(max(a.sxx.max() if len(a) else 0.0, b.sxx.max() if len(b) else 0.0)))
@@ -258,10 +278,11 @@ def slope_differences(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0,
             one, two = cell[cell.method == a], cell[cell.method == b]
             if one.empty or two.empty:
                 continue
-            for measure, column in (("log_speedup", "log_speedup"), ("tau", "tau")):
+            for measure, column, fixed in (("log_speedup", "log_speedup", "trajectory_machine"),
+                                           ("tau", "tau", "trajectory")):
                 fit = slope_difference(one.log_context, one[column], one.trajectory, two.log_context, two[column],
                                        two.trajectory, stats.cell_seed(seed, "slope-diff", measure, a, b, task),
-                                       n_resamples, min_trajectories)
+                                       n_resamples, min_trajectories, one[fixed], two[fixed])
                 rows.append({"task": task, "measure": measure, "method_a": a, "method_b": b,
                              "n_trajectories": fit["n_groups"], "slope_a": fit["slope_a"], "slope_b": fit["slope_b"],
                              "difference": fit["difference"], "difference_lo": fit["lo"],
