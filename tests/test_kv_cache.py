@@ -256,25 +256,23 @@ def test_more_compiled_shapes_than_dynamos_default_limit_all_run_compiled(tiny_l
     a Ray worker and this suite do) passes dynamo's default of 8 graphs per function, where fullgraph=True would
     fail the run (CI stop 40: "hit config.recompile_limit (8) … GLOBAL_STATE changed: num_threads")."""
     eager = TargetModel.load(str(tiny_llama_dir))
-    decoders = [TargetModel.load(str(tiny_llama_dir), compile=True)]
+    target = TargetModel.load(str(tiny_llama_dir), compile=True)
     calls = []
-    for target in decoders:
-        graph = target.fused._compiled
-        target.fused._compiled = lambda x, *args, graph=graph: (calls.append(x.shape[1]), graph(x, *args))[1]
+    graph = target.fused._compiled
+    target.fused._compiled = lambda x, *args: (calls.append(x.shape[1]), graph(x, *args))[1]
     prompt = torch.tensor(list(range(10, 40)))
     saved = torch.get_num_threads()
     generator = torch.Generator().manual_seed(1)
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            for target in decoders:
-                caches = [eager.new_cache(), target.new_cache()]
-                eager.forward(prompt, caches[0], last_only=True)
-                target.forward(prompt, caches[1], last_only=True)
-                for size in (1, 2, 3, 4, 5):  # unpacked: one graph per row count
-                    block = torch.randint(4, eager.vocab_size, (size,), generator=generator)
-                    want, got = eager.forward(block, caches[0]).logits, target.forward(block, caches[1]).logits
-                    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            caches = [eager.new_cache(), target.new_cache()]
+            eager.forward(prompt, caches[0], last_only=True)
+            target.forward(prompt, caches[1], last_only=True)
+            for size in (1, 2, 3, 4, 5):  # unpacked: one graph per row count
+                block = torch.randint(4, eager.vocab_size, (size,), generator=generator)
+                want, got = eager.forward(block, caches[0]).logits, target.forward(block, caches[1]).logits
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     finally:
         torch.set_num_threads(saved)
     assert len(calls) == 2 * 5  # 10 compiled forwards (10 graphs) over 2 thread counts × 5 shapes

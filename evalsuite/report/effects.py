@@ -116,8 +116,7 @@ def turn_table(steps: pd.DataFrame, turns: pd.DataFrame) -> pd.DataFrame:
     steps = steps[steps.method != BASELINE]
     table = metrics.per_turn(steps, turns)
     table["trajectory"] = stats.trajectory_keys(table) if len(table) else pd.Series(dtype=str)
-    table["machine"] = machine_keys(table)
-    table["trajectory_machine"] = table.trajectory.astype(str) + "\0" + table.machine
+    table["trajectory_machine"] = table.trajectory.astype(str) + "\0" + machine_keys(table)
     with np.errstate(divide="ignore", invalid="ignore"):
         table["log_context"] = np.log(table.context_len.astype(float).where(table.context_len > 0))
         table["log_speedup"] = np.log(table.speedup_turn.astype(float))
@@ -125,11 +124,10 @@ def turn_table(steps: pd.DataFrame, turns: pd.DataFrame) -> pd.DataFrame:
 
 
 def machine_keys(turns: pd.DataFrame) -> pd.Series:
-    """The machine each turn was decoded on (worker_host/worker_device; "" where a run recorded none)."""
-    parts = [turns[c].fillna("").astype(str) for c in ("worker_host", "worker_device") if c in turns.columns]
-    if not parts:
-        return pd.Series("", index=turns.index, dtype=str)
-    return parts[0] if len(parts) == 1 else parts[0] + "/" + parts[1]
+    """The machine each turn was decoded on: its worker_host and worker_device joined by "/" (the empty ones left
+    out; "" where a run recorded neither)."""
+    parts = [turns[c].fillna("").astype(str) if c in turns.columns else "" for c in ("worker_host", "worker_device")]
+    return (parts[0] + "/" + parts[1] + pd.Series("", index=turns.index, dtype=str)).str.strip("/")
 
 
 def context_effect(steps: pd.DataFrame, turns: pd.DataFrame, seed: int = 0,

@@ -189,7 +189,7 @@ class FusedDecoder:
         the final norm and the hidden states asked for in one graph, its K/V written in place into the cache's
         preallocated buffers at a symbolic position, so a growing context does not recompile (`dynamic=True`;
         the graph is built on first use, i.e. in the untimed warm-up, and kept in inductor's on-disk cache). The
-        output head and verify blocks stay eager. What it removes is Python's and the small ops' dispatch, ~4–8 ms
+        output head stays eager. What it removes is Python's and the small ops' dispatch, ~4–8 ms
         of a CPU decode here; at long contexts most of the rest above the memory floor is attention
         (benchmarks/results/context_cost_compile_cpu.txt).
 
