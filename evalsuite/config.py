@@ -27,7 +27,9 @@ REPLAY_MODES = ("auto", "logged", "free", "closed")  # closed: the task's enviro
 # where the target's chat template takes `tools`, else prompt; the runner records the resolved one)
 TOOL_FORMATS = ("native", "prompt")
 CONTEXT_POLICIES = ("stop", "truncate-left")
-WEIGHT_LAYOUTS = ("auto", "fused", "row-major", "column-major", "column-major+onednn")
+# "fused": evalsuite.target.decoder's forward, few-row products on MKL; "fused+onednn": the same forward, products of
+# 1 … 32 rows on oneDNN's reordered weights (`FusedDecoder.prepare_blocks`); auto measures which is faster here
+WEIGHT_LAYOUTS = ("auto", "fused", "fused+onednn", "row-major", "column-major", "column-major+onednn")
 CACHE_KINDS = ("static", "dynamic")
 CUDA_GRAPHS = ("auto", "on", "off")
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -36,7 +38,7 @@ DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16
 
 def compile_conflict(weight_layout: str, cuda_graphs: str) -> str | None:
     """Why `--compile` cannot run with these settings (a one-line error), or None."""
-    if weight_layout == "column-major+onednn":
+    if weight_layout.endswith("+onednn"):
         return (f"--compile with --weight-layout {weight_layout}: oneDNN's opaque tensors cannot be compiled; use "
                 "--weight-layout auto, fused or column-major")
     if cuda_graphs == "on":

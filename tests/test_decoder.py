@@ -50,11 +50,14 @@ def _close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
     assert float((a - b).abs().max()) <= 1e-4 * scale, what
 
 
-@pytest.mark.parametrize("packed,attention", [(False, "gemm"), (True, "gemm"), (True, "sdpa")])
-def test_blocks_after_a_growing_context_match_eager(pair, packed, attention):
-    """Both block attentions (the CPU's GEMMs over a reused score buffer, and SDPA) against eager code."""
+@pytest.mark.parametrize("packed,attention,products", [(False, "gemm", "mkl"), (True, "gemm", "mkl"),
+                                                       (True, "sdpa", "mkl"), (True, "gemm", "onednn")])
+def test_blocks_after_a_growing_context_match_eager(pair, packed, attention, products):
+    """Both block attentions (the CPU's GEMMs over a reused score buffer, and SDPA) and both product kernels (MKL's
+    packed GEMM with padded blocks, oneDNN's reordered weights unpadded) against eager code."""
     fused, eager = pair
-    fused.prepare_blocks(K + 1 if packed else 1)
+    assert fused.fused.prepare_blocks(K + 1 if packed else 1, products) == packed
+    assert fused.fused.products == products
     fused.fused.block_attention = attention
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 260, (300,), generator=generator)
@@ -80,9 +83,10 @@ def test_blocks_after_a_growing_context_match_eager(pair, packed, attention):
     fused.fused.block_attention = "gemm"
 
 
-def test_greedy_decode_matches_eager_token_for_token(pair):
+@pytest.mark.parametrize("products", ["mkl", "onednn"])
+def test_greedy_decode_matches_eager_token_for_token(pair, products):
     fused, eager = pair
-    fused.prepare_blocks(K + 1)
+    fused.fused.prepare_blocks(K + 1, products)
     prompt = torch.randint(3, 260, (40,), generator=torch.Generator().manual_seed(3))
     outputs = []
     for target in (fused, eager):
@@ -97,11 +101,12 @@ def test_greedy_decode_matches_eager_token_for_token(pair):
     fused.prepare_blocks(1)
 
 
-def test_a_verified_block_gives_the_decodes_tokens(pair):
+@pytest.mark.parametrize("products", ["mkl", "onednn"])
+def test_a_verified_block_gives_the_decodes_tokens(pair, products):
     """What speculative decoding relies on: verifying the greedy continuation as one block returns, at every
     position, the token a one-token decode would produce there."""
     fused, _ = pair
-    fused.prepare_blocks(K + 1)
+    fused.fused.prepare_blocks(K + 1, products)
     prompt = torch.randint(3, 260, (50,), generator=torch.Generator().manual_seed(4))
     cache = fused.new_cache()
     first = int(fused.forward(prompt, cache, last_only=True).logits[-1].argmax())
@@ -140,3 +145,51 @@ def test_auto_picks_the_fused_decoder_and_refusals_are_one_line(tiny_llama_dir):
         TargetModel.load(str(tiny_llama_dir), weight_layout="fused", kv_cache="dynamic")
     gpt2 = type("Config", (), {"get_text_config": lambda self, decoder=True: self, "model_type": "gpt2"})()
     assert "architecture 'gpt2'" in supported(gpt2)
+
+
+def test_the_head_through_the_target_runs_on_the_decoders_products_and_keeps_autograd(pair):
+    """`TargetModel.lm_head` (what DFlash and DSpark draft through): the same logits as the Linear on either
+    kernel, its weight the target's, and the Linear's own product where gradients flow (training)."""
+    fused, _ = pair
+    linear = fused.model.get_output_embeddings()
+    hidden = torch.randn(2, 7, 64, generator=torch.Generator().manual_seed(8))
+    for products in ("mkl", "onednn"):
+        fused.fused.prepare_blocks(K + 1, products)
+        head = fused.lm_head
+        assert head.weight is linear.weight
+        with torch.inference_mode():
+            _close(head(hidden), linear(hidden), f"head logits on {products}")
+    trainable = hidden.clone().requires_grad_(True)
+    head(trainable).sum().backward()
+    assert trainable.grad is not None and trainable.grad.shape == hidden.shape
+    fused.prepare_blocks(1)
+
+
+def test_measured_products_choose_the_faster_and_are_recorded(tiny_qwen2_dir, tmp_path, monkeypatch):
+    """--weight-layout auto: both kernels are timed on the model's own weights, the lower decode + verify kept and
+    named by the layout (fused or fused+onednn), the measurement kept for run.json and remembered, so a second load
+    on this machine reuses it even where a new measurement would choose the other; --compile keeps MKL."""
+    from evalsuite.target.decoder import FusedDecoder
+
+    monkeypatch.setenv("EVALSUITE_CACHE", str(tmp_path / "cache"))
+    target = TargetModel.load(str(tiny_qwen2_dir))
+    assert target.weight_layout == "fused" and target.products == "auto"
+    assert target.prepare_blocks(K + 1)
+    choice = target.products_choice
+    assert set(choice["candidates"]) == {"mkl", "onednn"} and choice["source"] == "measured in this run"
+    assert all(set(v) == {"decode_ms", f"verify{K + 1}_ms"} for v in choice["candidates"].values())
+    totals = {c: sum(v.values()) for c, v in choice["candidates"].items()}
+    assert totals[choice["chosen"]] == min(totals.values())
+    assert target.weight_layout == {"mkl": "fused", "onednn": "fused+onednn"}[choice["chosen"]]
+    assert target.fused.products == choice["chosen"]
+    other = "mkl" if choice["chosen"] == "onednn" else "onednn"
+    monkeypatch.setattr(FusedDecoder, "measure_products", lambda self, rows: {
+        other: {"decode_ms": 1.0, f"verify{rows}_ms": 1.0}, choice["chosen"]: {"decode_ms": 9.0, f"verify{rows}_ms": 9.0}})
+    again = TargetModel.load(str(tiny_qwen2_dir))
+    again.prepare_blocks(K + 1)
+    assert again.products_choice["source"].startswith("remembered: measured ")
+    assert again.products_choice["chosen"] == choice["chosen"] and again.weight_layout == target.weight_layout
+    assert TargetModel.load(str(tiny_qwen2_dir), weight_layout="fused+onednn").products == "onednn"
+    assert TargetModel.load(str(tiny_qwen2_dir), compile=True).products == "mkl"
+    with pytest.raises(UserError, match="--compile with --weight-layout fused\\+onednn"):
+        TargetModel.load(str(tiny_qwen2_dir), weight_layout="fused+onednn", compile=True)

@@ -448,3 +448,31 @@ def test_auto_threads_are_remembered_so_two_runs_of_one_machine_merge(tiny_qwen3
         assert report.exit_code == 0, report.output
     finally:
         torch.set_num_threads(1)
+
+
+def test_auto_weight_layout_records_its_measurement_and_a_resume_keeps_the_layout(tiny_qwen3_dir, tmp_path,
+                                                                                   monkeypatch):
+    """--weight-layout auto: run.json names the kernels chosen (fused or fused+onednn) with the measurement behind
+    them; a resume keeps that layout even where this machine would now choose the other (the cache of choices
+    gone, a new measurement flipped), so one run is never timed on two kernels."""
+    from evalsuite.target.decoder import FusedDecoder
+
+    monkeypatch.setenv("EVALSUITE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    args = ["run", "--method", "ngram", "--task", "mt-bench", "--target", str(tiny_qwen3_dir), "--limit", "2",
+            "--max-new-tokens", "8", "--threads", "1", "--out", str(out)]
+    assert run_cli(*args).exit_code == 0
+    config = json.loads((out / "run.json").read_text())
+    choice = config["weight_layout_choice"]
+    assert config["weight_layout"] == {"mkl": "fused", "onednn": "fused+onednn"}[choice["chosen"]]
+    assert set(choice["candidates"]) == {"mkl", "onednn"} and choice["rule"].startswith("lowest decode + verify-8")
+    other = "mkl" if choice["chosen"] == "onednn" else "onednn"
+    monkeypatch.setenv("EVALSUITE_CACHE", str(tmp_path / "cache2"))
+    monkeypatch.setattr(FusedDecoder, "measure_products", lambda self, rows: {
+        other: {"decode_ms": 1.0, f"verify{rows}_ms": 1.0}, choice["chosen"]: {"decode_ms": 9.0, f"verify{rows}_ms": 9.0}})
+    fresh = tmp_path / "fresh"
+    assert run_cli(*args[:-1], str(fresh)).exit_code == 0  # a new run here would now choose the other kernels
+    assert json.loads((fresh / "run.json").read_text())["weight_layout_choice"]["chosen"] == other
+    assert run_cli(*args, "--resume").exit_code == 0
+    again = json.loads((out / "run.json").read_text())
+    assert again["weight_layout"] == config["weight_layout"]

@@ -8,12 +8,8 @@ share one prefill and a growing agent context is prefilled incrementally. Each d
 
 from __future__ import annotations
 
-import hashlib
-import json
-import platform
 import socket
 import statistics
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -26,7 +22,8 @@ from evalsuite.engines.loop import decode_turn
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Method, Sampling, common_prefix_len, get_method
 from evalsuite.store.records import TurnResult
-from evalsuite.target.model import TargetModel, cache_root, cached_weights_hash
+from evalsuite.target.model import TargetModel, cached_weights_hash
+from evalsuite.target.remembered import cpu_model, remembered_choice
 from evalsuite.timing import DeviceClock
 
 
@@ -87,16 +84,16 @@ class HfEngine(Engine):
         self.methods: dict[str, Method] = {}
         self.prefix: PrefixCache | None = None
 
-    def start(self, methods: list[str], threads: int | None = None) -> None:
+    def start(self, methods: list[str], threads: int | None = None, weight_layout: str | None = None) -> None:
         cfg = self.config
         if threads is not None:
             torch.set_num_threads(threads)
-        self.target = TargetModel.load(cfg.target, cfg.device, cfg.dtype, cfg.weight_layout, cfg.kv_cache,
-                                       cfg.compile, cfg.cuda_graphs)
+        self.target = TargetModel.load(cfg.target, cfg.device, cfg.dtype, weight_layout or cfg.weight_layout,
+                                       cfg.kv_cache, cfg.compile, cfg.cuda_graphs)
         self.packed_blocks = self.target.prepare_blocks(cfg.k + 1)  # untimed: verify blocks of up to k+1 rows
         self.chat = self.target.chat
         # the records' `worker_device`: on a CPU with its model, so turns timed on different machines stay apart
-        self.device_label = f"cpu ({_cpu_model()})" if self.target.device.type == "cpu" else str(self.target.device)
+        self.device_label = f"cpu ({cpu_model()})" if self.target.device.type == "cpu" else str(self.target.device)
         self.clock = DeviceClock(self.target.device)
         for name in methods:
             options = dict(cfg.method_options.get(name, {}))
@@ -118,28 +115,13 @@ class HfEngine(Engine):
         merged. Delete `<cache>/threads-choice/` to measure again."""
         if self.target.device.type != "cpu" or len(candidates) < 2:
             return None
-        key = {"host": socket.gethostname(), "cpu": _cpu_model(), "torch": torch.__version__,
+        key = {"host": socket.gethostname(), "cpu": cpu_model(), "torch": torch.__version__,
                "target_sha256": cached_weights_hash(self.target.model_dir), "dtype": str(self.target.dtype),
                "weight_layout": self.target.weight_layout, "k": self.config.k, "candidates": list(candidates)}
-        record = cache_root() / "threads-choice" / (
-            hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24] + ".json")
-        try:
-            saved = json.loads(record.read_text())
-            if saved.get("key") == key and saved["choice"]["chosen"] in candidates:
-                torch.set_num_threads(saved["choice"]["chosen"])
-                return {**saved["choice"], "source": f"remembered: measured {saved['measured_at']} on this set-up"}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            pass
-        choice = self._measure_threads(candidates)
-        try:
-            record.parent.mkdir(parents=True, exist_ok=True)
-            tmp = record.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"key": key, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                       "choice": choice}, indent=1))
-            tmp.replace(record)
-        except OSError:  # a read-only cache: measured each run, said so
-            return {**choice, "source": "measured in this run (not remembered: the cache dir is not writable)"}
-        return {**choice, "source": "measured in this run"}
+        choice = remembered_choice("threads-choice", key, lambda: self._measure_threads(candidates),
+                                   lambda saved: saved["chosen"] in candidates)
+        torch.set_num_threads(choice["chosen"])
+        return choice
 
     def _measure_threads(self, candidates: list[int]) -> dict:
         generator = torch.Generator().manual_seed(0)
@@ -230,6 +212,7 @@ class HfEngine(Engine):
         return {
             "dtype": str(target.dtype).removeprefix("torch."),
             "weight_layout": target.weight_layout,
+            "weight_layout_choice": target.products_choice,  # --weight-layout auto: the kernels measured, and why
             "packed_block_rows": target.fused.block_rows if target.fused is not None else 0,
             "cuda_graphs": target.cuda_graphs,  # resolved: on | off
             "captured": target.captured.describe() if target.captured is not None else None,
@@ -246,22 +229,12 @@ class HfEngine(Engine):
         }
 
 
-def _cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def device_facts(device: torch.device) -> dict:
     """The device's name and CUDA version, for run.json."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     else:
-        name = f"cpu: {_cpu_model()}, {torch.get_num_threads()} threads"
+        name = f"cpu: {cpu_model()}, {torch.get_num_threads()} threads"
     return {"device_name": name, "cuda": torch.version.cuda}
 
 

@@ -15,7 +15,7 @@ from evalsuite.bundled import require_bundled
 from evalsuite.errors import UserError
 from evalsuite.profile.memory import check_weights_fit
 from evalsuite.target import embedded
-from evalsuite.target.model import (DEFAULT_TARGET, TargetModel, parse_device, resolve_target_path,
+from evalsuite.target.model import (DEFAULT_TARGET, TargetModel, auto_products, parse_device, resolve_target_path,
                                     resolve_weight_layout, use_column_major_linears)
 
 # Published configurations of the released models (hidden sizes, depths, heads, vocabularies, windows); random
@@ -95,7 +95,8 @@ def random_target(config, name: str, device: str = "cpu", dtype: torch.dtype = t
     if layout.startswith("column-major"):
         use_column_major_linears(model, onednn_blocks=layout == "column-major+onednn")
     return TargetModel(model, tokenizer or byte_tokenizer(), name, model_dir or f"random:{name}", dev, dtype,
-                       weight_layout=layout, kv_cache=kv_cache, compile=compile, cuda_graphs=cuda_graphs)
+                       weight_layout=layout, kv_cache=kv_cache, compile=compile, cuda_graphs=cuda_graphs,
+                       products=auto_products(weight_layout, layout))
 
 
 def parse_dtype(dtype: str | None, device: str) -> torch.dtype:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from evalsuite import contention, degenerate, metrics
-from evalsuite.config import RunConfig, environment
+from evalsuite.config import WEIGHT_LAYOUTS, RunConfig, environment
 from evalsuite.conventions import BASELINE, CONTENDED_CORES, RUN_CONVENTIONS, SKIPPED
 from evalsuite.engines import make_engine
 from evalsuite.engines.base import Engine
@@ -127,7 +127,9 @@ class Runner:
         if stored and self.config.threads in (None, "auto") and isinstance(stored.get("threads"), int):
             threads = stored["threads"]  # a resumed run keeps the thread count its first part was timed with
         self.threads_choice = stored.get("contention", {}).get("threads_choice") if stored else None
-        self.engine.start(self.methods, threads)
+        # a resumed run keeps the weight layout (and so the product kernels) its first part resolved and was timed with
+        layout = stored.get("weight_layout") if stored and self.config.weight_layout == "auto" else None
+        self.engine.start(self.methods, threads, layout if layout in WEIGHT_LAYOUTS else None)
         if self.config.threads in (None, "auto") and not stored:  # the faster configuration, measured
             self.threads_choice = self.engine.tune_threads(list(range(1, threads + 1)))
             if self.threads_choice:

@@ -6,9 +6,14 @@ gate/up projections) added as much again; a block of 2 … 16 tokens multiplies 
 MKL's GEMM repacks the weights on every call and costs ~2× a one-row product. Here, per layer: one RMSNorm, one
 QKV product, rotary from a position table, one in-place cache write, one SDPA call (grouped-query heads folded into
 the query axis, so each K/V head is read once), one output product, one RMSNorm, one gate/up product, SiLU·up, one
-down product. Verify blocks are padded to a fixed row count whose weights MKL packed once (`prepare_blocks`);
-the padded rows come after the real ones, so causality keeps them from changing any real row, and their K/V are
-cropped away before the call returns.
+down product. Few-row products run on weights prepared once (`prepare_blocks`), by one of two kernels, whichever
+`measure_products` finds faster on the machine (`--weight-layout auto`): "mkl" pads verify blocks to a fixed row
+count whose weights MKL packed (the padded rows come after the real ones, so causality keeps them from changing any
+real row, and their K/V are cropped away before the call returns) and decodes on the plain product; "onednn" runs
+every product of up to 32 rows, decodes included, on oneDNN's reordered weights, unpadded. On a 2-core Intel Xeon
+MKL's packed GEMM held an 8-row product to ~1.6× a one-row one; on a 2-core AMD EPYC (Zen 3) MKL's few-row GEMMs
+ran at a fifth of the cores' peak (8 rows 2.5× a decode) where oneDNN's ran at 1.8×, and its one-row product was
+a third faster.
 
 Attention of a verify block on the CPU in fp32 (2 … BLOCK_ATTENTION_ROWS rows): two batched GEMMs and a softmax
 in a reused score buffer (`_block_attention`), the causal mask only on the block's own columns, and no attention
@@ -28,6 +33,8 @@ decoder layer i, the last index after the final norm.
 
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +49,10 @@ COMPILED_MAX_BLOCK = 16  # under --compile, decodes and verify blocks of up to t
 # feature-layer set × torch thread count (`--threads auto` measures several) × decoder in the process (a sweep,
 # a Ray worker or the test suite loads many); past the limit, fullgraph=True fails the run instead of recompiling
 COMPILED_GRAPH_LIMIT = 512
+
+
+PRODUCTS = ("mkl", "onednn")  # `FusedDecoder.prepare_blocks`: what multiplies the weights for few-row products
+ONEDNN_MAX_ROWS = 32  # products="onednn": products of 1 … this many rows run on oneDNN's reordered weights
 
 
 @torch.library.custom_op("evalsuite::mkl_packed_linear", mutates_args=())
@@ -61,6 +72,17 @@ def _(x, packed, weight, bias, rows):
 def _mkl_packing_available() -> bool:
     return hasattr(torch.ops, "mkl") and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight") and \
         torch.backends.mkl.is_available()
+
+
+def onednn_available() -> bool:
+    """oneDNN's inner product on weights reordered once into its blocked layout (the ops inductor's weight
+    prepacking uses: `mkldnn._reorder_linear_weight`, `mkldnn._linear_pointwise`)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and \
+        hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def _onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 def supported(model) -> str | None:
@@ -90,7 +112,7 @@ class _Layer:
     down: torch.Tensor
     q_norm: torch.Tensor | None  # Qwen3's per-head RMSNorm of q and k
     k_norm: torch.Tensor | None
-    packed: dict | None = None  # weight name → MKL-packed copy for `FusedDecoder.block_rows` rows
+    packed: dict | None = None  # weight name → its copy for few-row products (`FusedDecoder.prepare_blocks`)
 
 
 def _fuse(rows: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -157,7 +179,9 @@ class FusedDecoder:
         self.head_packed = None
         self._rotary = inner.rotary_emb
         self._cos = self._sin = None
-        self.block_rows = 0  # verify blocks of MIN_PACKED_ROWS … block_rows rows are padded to block_rows
+        self.products = "mkl"  # what multiplies few-row products (`prepare_blocks`)
+        self._packed_rows = 0
+        self.block_rows = 0  # products="mkl": verify blocks of MIN_PACKED_ROWS … block_rows rows pad to block_rows
         self.device = self.embed.device
         # "gemm": CPU verify blocks attend by `_block_attention`; "sdpa": every forward by SDPA (the A/B in
         # benchmarks/context_cost.py, layout suffix +sdpa)
@@ -166,23 +190,94 @@ class FusedDecoder:
         self._compiled = None  # `compile_decode`: decodes' and verify blocks' layers through torch.compile
 
     # ---- set-up ------------------------------------------------------------------------------------------
-    def prepare_blocks(self, rows: int) -> bool:
-        """Pack every weight once for `rows`-row products (MKL, fp32 CPU only); blocks of 3 … `rows` rows then
-        pad to `rows`. Returns whether packing is in use (elsewhere every product is the plain one)."""
-        if rows < MIN_PACKED_ROWS or self.device.type != "cpu" or self.embed.dtype != torch.float32 \
-                or not _mkl_packing_available():
-            self.block_rows = 0
+    def prepare_blocks(self, rows: int, products: str = "mkl") -> bool:
+        """Get the products of verify blocks of up to `rows` rows ready once (fp32 on a CPU; elsewhere every
+        product is the plain one). Returns whether prepared weights are in use.
+
+        "mkl": every weight packed by MKL for `rows`-row products; blocks of 3 … `rows` rows pad to `rows`, one-row
+        products (decodes) stay on the plain `F.linear`. "onednn": every weight reordered once into oneDNN's
+        blocked layout (hinted for `rows` rows), on which every product of 1 … ONEDNN_MAX_ROWS rows runs, unpadded:
+        decodes, verify blocks and drafts through the head; prefill chunks stay on `F.linear`. Which is faster
+        depends on the CPU (`measure_products`): on a 2-core AMD EPYC (Zen 3) MKL's few-row GEMMs ran at a fifth
+        of the cores' peak and its one-row product at 60 % of the copy bandwidth, where oneDNN's blocked weights
+        were at the bandwidth for one row and 1.7× that for eight."""
+        if products not in PRODUCTS:
+            raise ValueError(f"products {products!r}: choose from {', '.join(PRODUCTS)}")
+        available = _mkl_packing_available() and rows >= MIN_PACKED_ROWS if products == "mkl" else onednn_available()
+        if self.device.type != "cpu" or self.embed.dtype != torch.float32 or not available:
+            self._pack(None, 0)
             return False
-        if rows == self.block_rows:
-            return True
-        pack = torch.ops.mkl._mkl_reorder_linear_weight
-        for layer in self.layers:
-            layer.packed = {name: pack(getattr(layer, name), rows) for name in ("qkv", "o", "gate_up", "down")}
-        self.head_packed = pack(self.head, rows)
-        for packed in [self.head_packed, *(w for layer in self.layers for w in layer.packed.values())]:
-            torch._dynamo.mark_static(packed)  # constants of the compiled graphs, as the weights (`compile_decode`)
-        self.block_rows = rows
+        if (products, rows) != (self.products, self._packed_rows):
+            self._pack(products, rows)
         return True
+
+    def _pack(self, products: str | None, rows: int) -> None:
+        for layer in self.layers:
+            layer.packed = None  # the previous copies go before the next are made
+        self.head_packed = None
+        self.products, self._packed_rows = products or "mkl", rows
+        self.block_rows = rows if products == "mkl" else 0
+        if products is None:
+            return
+        pack = self._packer(products, rows)
+        for layer in self.layers:
+            layer.packed = {name: pack(getattr(layer, name)) for name in ("qkv", "o", "gate_up", "down")}
+        self.head_packed = pack(self.head)
+        if products == "mkl":
+            for packed in [self.head_packed, *(w for layer in self.layers for w in layer.packed.values())]:
+                torch._dynamo.mark_static(packed)  # constants of the compiled graphs, as the weights (`compile_decode`)
+
+    @staticmethod
+    def _packer(products: str, rows: int):
+        if products == "mkl":
+            return lambda weight: torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+        return lambda weight: torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+
+    def measure_products(self, rows: int, candidates: tuple[str, ...] = PRODUCTS, repeats: int = 7,
+                         sample_layers: int = 4, warmups: int = 2) -> dict[str, dict[str, float]]:
+        """What a one-token decode's and a `rows`-row verify's weight products cost with each candidate, estimated
+        from this machine: the products of `sample_layers` layers (every layer has the same shapes) scaled to the
+        whole stack, plus the head, each (candidate, rows) timed in turn within every repeat so that drift hits all
+        alike (median of `repeats`, after `warmups` rounds: freshly prepared weights are slow on first touch). Weights are the model's own; the candidates' prepared copies
+        of them exist only while this runs. Returns {candidate: {"decode_ms": …, "verify<rows>_ms": …}} for the
+        candidates usable here."""
+        layers = [self.layers[i] for i in sorted({round(j * (len(self.layers) - 1) / max(sample_layers - 1, 1))
+                                                   for j in range(sample_layers)})]
+        scale = len(self.layers) / len(layers)
+        weights = [(getattr(layer, name), layer.qkv_bias if name == "qkv" else None)
+                   for layer in layers for name in ("qkv", "o", "gate_up", "down")]
+        usable = [c for c in candidates if self.device.type == "cpu" and self.embed.dtype == torch.float32 and
+                  (_mkl_packing_available() if c == "mkl" else onednn_available())]
+        generator = torch.Generator().manual_seed(0)
+        inputs = {(n, w.shape[1]): torch.randn(n, w.shape[1], generator=generator).to(self.embed)
+                  for n in (1, rows) for w in (self.head, *(w for w, _ in weights))}
+        times: dict[tuple[str, int, str], list[float]] = {}
+
+        def products_for(candidate: str, n: int):
+            if candidate == "onednn":
+                pack = self._packer("onednn", rows)
+                return lambda w, b: (lambda x, p=pack(w): _onednn_linear(x, p, b))
+            if candidate == "mkl" and n == rows and rows >= MIN_PACKED_ROWS:
+                pack = self._packer("mkl", rows)
+                return lambda w, b: (lambda x, p=pack(w): torch.ops.mkl._mkl_linear(x, p, w, b, rows))
+            return lambda w, b: (lambda x: F.linear(x, w, b))
+
+        with torch.inference_mode():
+            prepared = {(c, n): ([products_for(c, n)(w, b) for w, b in weights], products_for(c, n)(self.head, None))
+                        for c in usable for n in (1, rows)}
+            for repeat in range(warmups + repeats):
+                for (candidate, n), (stack, head) in prepared.items():
+                    for part, calls in (("layers", stack), ("head", [head])):
+                        start = time.perf_counter()
+                        for call, (w, _) in zip(calls, weights if part == "layers" else [(self.head, None)]):
+                            call(inputs[n, w.shape[1]])
+                        if repeat >= warmups:
+                            times.setdefault((candidate, n, part), []).append(time.perf_counter() - start)
+        median = statistics.median
+        return {c: {"decode_ms": round(1e3 * (scale * median(times[c, 1, "layers"]) + median(times[c, 1, "head"])), 3),
+                    f"verify{rows}_ms": round(1e3 * (scale * median(times[c, rows, "layers"]) +
+                                                     median(times[c, rows, "head"])), 3)}
+                for c in usable}
 
     def compile_decode(self) -> None:
         """Run one-token decodes (batch 1, after at least 2 cached tokens) through torch.compile: every layer,
@@ -257,12 +352,23 @@ class FusedDecoder:
     # ---- products ----------------------------------------------------------------------------------------
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, packed, bias: torch.Tensor | None = None):
         rows = x.shape[0] * x.shape[1]
-        if packed is not None and rows == self.block_rows:
+        if packed is not None and self.products == "onednn":
+            if rows <= ONEDNN_MAX_ROWS:
+                out = _onednn_linear(x.reshape(rows, x.shape[-1]), packed, bias)
+                return out.view(x.shape[0], x.shape[1], -1)
+        elif packed is not None and rows == self.block_rows:
             flat = x.reshape(rows, x.shape[-1])
             product = mkl_packed_linear if torch.compiler.is_compiling() else torch.ops.mkl._mkl_linear
             out = product(flat, packed, weight, bias, rows)
             return out.view(x.shape[0], x.shape[1], -1)
         return F.linear(x, weight, bias)
+
+    @torch.inference_mode()
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output head over `hidden` [..., H] on this decoder's few-row products: what a drafter that predicts
+        through the target's head (DFlash, DSpark) multiplies its slots with, made as the verify's head is."""
+        flat = hidden.reshape(1, -1, self.hidden)
+        return self._linear(flat, self.head, self.head_packed).view(*hidden.shape[:-1], -1)
 
     # ---- the forward -------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -325,7 +431,7 @@ class FusedDecoder:
         if not logits:
             return None, hidden
         if last_only:
-            return self._linear(x[:, n - 1:n], self.head, None), hidden
+            return self._linear(x[:, n - 1:n], self.head, self.head_packed), hidden
         return self._linear(x, self.head, self.head_packed)[:, :n], hidden
 
     @torch.inference_mode()

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +26,9 @@ from evalsuite.hashing import file_sha256
 from evalsuite.target import embedded
 from evalsuite.target.captured import MAX_CAPTURED_CONTEXT, CapturedSteps, PooledCache
 from evalsuite.target.chat import ChatTokenizer
-from evalsuite.target.decoder import COMPILED_MAX_BLOCK, FusedDecoder, supported
+from evalsuite.target.decoder import COMPILED_MAX_BLOCK, FusedDecoder, onednn_available, supported
 from evalsuite.target.kv_cache import ATTENTION, DynamicKVCache, KVCache, check_supported
+from evalsuite.target.remembered import cpu_model, remembered_choice
 
 DEFAULT_TARGET = "default"
 DEFAULT_TARGET_NAME = embedded.EMBEDDED[embedded.DEFAULT_KEY].name
@@ -106,7 +108,7 @@ class TargetModel:
 
     def __init__(self, model, tokenizer, name: str, model_dir: str, device: torch.device, dtype: torch.dtype,
                  weight_layout: str = "row-major", kv_cache: str = "static", compile: bool = False,
-                 cuda_graphs: str = "auto"):
+                 cuda_graphs: str = "auto", products: str | None = None):
         self.model = model.eval()
         self.device = device
         self.dtype = dtype
@@ -126,8 +128,15 @@ class TargetModel:
         if conflict:
             raise UserError(conflict)
         self.compile = compile
-        # "fused": evalsuite.target.decoder's own forward (fused weights, packed block GEMMs); the HF modules stay usable
-        self.fused = FusedDecoder(model) if weight_layout == "fused" else None
+        # "fused…": evalsuite.target.decoder's own forward (fused weights, prepared block products); the HF modules
+        # stay usable
+        self.fused = FusedDecoder(model) if weight_layout.startswith("fused") else None
+        # what multiplies the fused decoder's few-row products: mkl | onednn, or auto (measured by `prepare_blocks`;
+        # oneDNN's opaque tensors cannot be compiled, so --compile keeps MKL)
+        self.products = products or ("onednn" if weight_layout == "fused+onednn" else "mkl")
+        if compile and self.products == "auto":
+            self.products = "mkl"
+        self.products_choice: dict | None = None  # the measurement behind an "auto" choice (run.json)
         if compile and self.fused is not None:  # its decodes and verify blocks as compiled graphs (`compile_decode`)
             self.fused.compile_decode()
             if cuda_graphs == "auto":
@@ -191,10 +200,15 @@ class TargetModel:
             reason = supported(model) or ("--kv-cache dynamic" if kv_cache == "dynamic" else None)
             if reason is not None:
                 raise UserError(f"--weight-layout fused: not for {reason}; use --weight-layout auto")
+        if weight_layout == "fused+onednn" and (dev.type != "cpu" or torch_dtype != torch.float32
+                                                or not onednn_available()):
+            raise UserError("--weight-layout fused+onednn: oneDNN's products run on a CPU in float32 with a torch "
+                            "built with oneDNN; use --weight-layout auto")
         layout = resolve_weight_layout(weight_layout, dev, compile, model, kv_cache)
         if layout.startswith("column-major"):
             use_column_major_linears(model, onednn_blocks=layout == "column-major+onednn")
-        return cls(model, tokenizer, name, path, dev, torch_dtype, layout, kv_cache, compile, cuda_graphs)
+        return cls(model, tokenizer, name, path, dev, torch_dtype, layout, kv_cache, compile, cuda_graphs,
+                   auto_products(weight_layout, layout))
 
     # ---- what the chat tokenizer knows -----------------------------------------------------------------------
     tokenizer = _from_chat("tokenizer")
@@ -216,11 +230,41 @@ class TargetModel:
         """Get verify blocks of up to `rows` tokens ready before any timed forward (the fused decoder packs its
         weights for that many rows once; blocks of 3 … rows tokens pad to it; with CUDA graphs, the one KV cache
         is allocated for the window and blocks of 1 … rows tokens are captured by `prepare_layers`). Returns
-        whether packing is used."""
+        whether packing is used. With products "auto" (`--weight-layout auto`) the fused decoder's product kernels are
+        chosen here, by measuring both on this machine (`choose_products`); `weight_layout` then names the choice."""
         if self.cuda_graphs == "on" and (self.captured is None or self.captured.max_rows != rows):
             self.captured = CapturedSteps(self.fused, self.config, min(self.max_context, MAX_CAPTURED_CONTEXT) + rows,
                                           rows, graphs=True)
-        return self.fused.prepare_blocks(rows) if self.fused is not None else False
+        if self.fused is None:
+            return False
+        products = self.products
+        if products == "auto":
+            self.products_choice = self.choose_products(rows)
+            products = self.products_choice["chosen"] if self.products_choice else "mkl"
+        used = self.fused.prepare_blocks(rows, products)
+        self.weight_layout = "fused+onednn" if used and self.fused.products == "onednn" else "fused"
+        return used
+
+    def choose_products(self, rows: int) -> dict | None:
+        """MKL or oneDNN for the fused decoder's products of 1 … `rows` rows, whichever gives the lower decode +
+        verify-`rows` time of the weight products measured here (`FusedDecoder.measure_products`); None where there
+        is nothing to choose (not a CPU in fp32, or one of the two missing). Remembered per machine, torch, model
+        shape, row count and thread count (`remembered_choice`), so runs of one machine use the same kernels."""
+        fused = self.fused
+        if self.device.type != "cpu" or self.dtype != torch.float32 or not onednn_available() or \
+                not fused.prepare_blocks(rows, "mkl"):
+            return None
+        fused.prepare_blocks(0)  # no prepared copies while both candidates' are measured
+        key = {"host": socket.gethostname(), "cpu": cpu_model(), "torch": torch.__version__, "dtype": str(self.dtype),
+               "shape": [fused.hidden, fused.intermediate, len(fused.layers), fused.heads, fused.kv_heads,
+                         fused.head_dim, self.vocab_size], "rows": rows, "threads": torch.get_num_threads()}
+
+        def measure() -> dict:
+            measured = fused.measure_products(rows)
+            return {"candidates": measured, "chosen": min(measured, key=lambda c: sum(measured[c].values())),
+                    "rule": f"lowest decode + verify-{rows} time of the weight products (four layers scaled to all "
+                            f"{len(fused.layers)}, plus the head; median of 7, the candidates in turn)"}
+        return remembered_choice("products-choice", key, measure, lambda saved: saved["chosen"] in ("mkl", "onednn"))
 
     @contextlib.contextmanager
     def eager(self):
@@ -305,8 +349,15 @@ class TargetModel:
         return self.model.get_input_embeddings()
 
     @property
-    def lm_head(self) -> torch.nn.Linear:
-        return self.model.get_output_embeddings()
+    def lm_head(self) -> torch.nn.Module:
+        """The output head (its `weight` is the target's); with the fused decoder, inference through it runs on the
+        decoder's few-row products (`FusedDecoder.head_logits`), as the verify's head does."""
+        head = self.model.get_output_embeddings()
+        if self.fused is None:
+            return head
+        if getattr(self, "_fused_head", None) is None or self._fused_head.linear is not head:
+            self._fused_head = _FusedHead(head, self.fused)
+        return self._fused_head
 
     def check_layer_ids(self, layer_ids: tuple[int, ...], who: str) -> None:
         # -1 is the embedding output (hidden_states[0]), which DeepSpec's configs may name
@@ -374,6 +425,12 @@ def resolve_weight_layout(layout: str, device: torch.device, compile: bool = Fal
     return "column-major+onednn" if torch.backends.mkldnn.is_available() and not compile else "column-major"
 
 
+def auto_products(requested: str, layout: str) -> str | None:
+    """"auto" (the fused decoder's product kernels measured by `TargetModel.prepare_blocks`) when --weight-layout
+    auto resolved to the fused decoder; None (as the layout says) otherwise."""
+    return "auto" if requested == "auto" and layout == "fused" else None
+
+
 def use_column_major_linears(model: torch.nn.Module, onednn_blocks: bool = False) -> None:
     """Store every nn.Linear weight transposed ([in, out] contiguous) behind its usual [out, in] view.
 
@@ -417,6 +474,27 @@ class OneDnnBlockLinear(torch.nn.Linear):
         flat = x.reshape(rows, x.shape[-1]).contiguous().to_mkldnn()
         out = torch.ops.aten.mkldnn_linear(flat, self.onednn_weight, self.onednn_bias).to_dense()
         return out.view(*x.shape[:-1], out.shape[-1])
+
+
+class _FusedHead(torch.nn.Module):
+    """`TargetModel.lm_head` over the fused decoder: the same weight; its products those of the decoder's verify
+    blocks outside autograd, the Linear's own where gradients flow (training)."""
+
+    def __init__(self, linear: torch.nn.Linear, fused: FusedDecoder):
+        super().__init__()
+        self.linear = linear
+        self.__dict__["fused"] = fused  # not a submodule
+
+    def __getattr__(self, name: str):  # weight, bias, in_features, out_features: the Linear's
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["linear"], name)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and (hidden.requires_grad or self.linear.weight.requires_grad):
+            return self.linear(hidden)
+        return self.fused.head_logits(hidden)
 
 
 def _check_local_weights(spec: str, path: str) -> None:
