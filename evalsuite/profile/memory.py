@@ -78,9 +78,10 @@ def module_bytes(module: torch.nn.Module) -> int:
 
 
 def packed_bytes(target: TargetModel) -> int:
-    """The fused decoder's MKL-packed block copies (as many bytes as the weights they copy), 0 elsewhere."""
+    """The fused decoder's prepared copies for few-row products, MKL-packed or oneDNN-reordered (as many bytes as
+    the weights they copy), 0 elsewhere."""
     fused = getattr(target, "fused", None)
-    if fused is None or not fused.block_rows:
+    if fused is None or fused.head_packed is None:
         return 0
     weights = [w for layer in fused.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [fused.head]
     return sum(w.numel() * w.element_size() for w in weights)
