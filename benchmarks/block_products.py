@@ -10,6 +10,9 @@ work left out. Kernels:
 - `plain`: `F.linear` on the weight as the model holds it (MKL's sgemm; what a one-token decode uses);
 - `mkl-packed`: MKL's GEMM on a weight packed once for the block's row count (`FusedDecoder.prepare_blocks`;
   what a verify block uses);
+- `onednn`: oneDNN's inner product on a weight reordered once into its blocked layout for the block's row count
+  (`FusedDecoder.prepare_blocks(rows, "onednn")`; what decodes and verify blocks use where `--weight-layout auto`
+  measures it faster);
 - `inductor-cpp`: `torch.compile` with freezing and max-autotune restricted to inductor's C++ micro-GEMM
   template (weights packed at compile time; the template Intel's CPU LLM work added for small-M products);
 - `inductor-auto`: the same compile, autotuned between that template and ATen's kernels (what
@@ -33,7 +36,7 @@ import torch.nn.functional as F
 from evalsuite.target.model import TargetModel
 from evalsuite.timing import DeviceClock
 
-KERNELS = ("plain", "mkl-packed", "inductor-cpp", "inductor-auto")
+KERNELS = ("plain", "mkl-packed", "onednn", "inductor-cpp", "inductor-auto")
 
 
 class _Products(torch.nn.Module):
@@ -97,6 +100,10 @@ def main() -> None:
                 packed = [pack(w, rows) for w in weights]
                 runners["mkl-packed", rows] = lambda xs=xs, packed=packed, rows=rows: [
                     torch.ops.mkl._mkl_linear(x, p, w, None, rows) for x, p, w in zip(xs, packed, weights)]
+            if "onednn" in kernels:
+                reordered = [torch.ops.mkldnn._reorder_linear_weight(w, rows) for w in weights]
+                runners["onednn", rows] = lambda xs=xs, reordered=reordered: [
+                    torch.ops.mkldnn._linear_pointwise(x, r, None, "none", [], "") for x, r in zip(xs, reordered)]
             for kernel, backends in (("inductor-cpp", "CPP"), ("inductor-auto", "CPP,ATEN")):
                 if kernel in kernels:
                     fn, seconds = compiled(weights, xs, backends)
