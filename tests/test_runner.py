@@ -91,8 +91,11 @@ def test_run_json_records_the_configuration(ngram_run):
     assert env["versions"]["torch"] and env["device_name"] and env["git_commit"]
     assert len(config["target_sha256"]) == 64
     assert config["drafters"]["ngram"]["max_ngram"] == 3
-    assert config["weight_layout"] == "fused"  # "auto" resolved: evalsuite.target.decoder supports the tiny Llama
-    assert config["packed_block_rows"] == config["k"] + 1  # MKL-packed verify blocks of up to k+1 rows
+    # "auto" resolved: evalsuite.target.decoder supports the tiny Llama; its product kernels measured on this machine
+    choice = config["weight_layout_choice"]
+    assert config["weight_layout"] == {"mkl": "fused", "onednn": "fused+onednn"}[choice["chosen"]]
+    # MKL-packed verify blocks of up to k+1 rows, or oneDNN's unpadded ones
+    assert config["packed_block_rows"] == (config["k"] + 1 if choice["chosen"] == "mkl" else 0)
 
 
 def test_rerun_without_resume_refuses(ngram_run, tiny_qwen3_dir):
