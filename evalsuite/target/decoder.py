@@ -34,11 +34,12 @@ decoder layer i, the last index after the final norm.
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from evalsuite.timing import DeviceClock
 
 _ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 PREFILL_CHUNK = 1024  # rows per forward of a long prefill: bounds the mask and the MLP activations
@@ -238,8 +239,8 @@ class FusedDecoder:
         """What a one-token decode's and a `rows`-row verify's weight products cost with each candidate, estimated
         from this machine: the products of `sample_layers` layers (every layer has the same shapes) scaled to the
         whole stack, plus the head, each (candidate, rows) timed in turn within every repeat so that drift hits all
-        alike (median of `repeats`, after `warmups` rounds: freshly prepared weights are slow on first touch). Weights are the model's own; the candidates' prepared copies
-        of them exist only while this runs. Returns {candidate: {"decode_ms": …, "verify<rows>_ms": …}} for the
+        alike (median of `repeats`, after `warmups` rounds: freshly prepared weights are slow on first touch).
+        Weights are the model's own; the candidates' prepared copies of them exist only while this runs. Returns {candidate: {"decode_ms": …, "verify<rows>_ms": …}} for the
         candidates usable here."""
         layers = [self.layers[i] for i in sorted({round(j * (len(self.layers) - 1) / max(sample_layers - 1, 1))
                                                    for j in range(sample_layers)})]
@@ -252,6 +253,7 @@ class FusedDecoder:
         inputs = {(n, w.shape[1]): torch.randn(n, w.shape[1], generator=generator).to(self.embed)
                   for n in (1, rows) for w in (self.head, *(w for w, _ in weights))}
         times: dict[tuple[str, int, str], list[float]] = {}
+        clock = DeviceClock(self.device)
 
         def products_for(candidate: str, n: int):
             if candidate == "onednn":
@@ -268,11 +270,11 @@ class FusedDecoder:
             for repeat in range(warmups + repeats):
                 for (candidate, n), (stack, head) in prepared.items():
                     for part, calls in (("layers", stack), ("head", [head])):
-                        start = time.perf_counter()
-                        for call, (w, _) in zip(calls, weights if part == "layers" else [(self.head, None)]):
-                            call(inputs[n, w.shape[1]])
+                        pairs = list(zip(calls, weights if part == "layers" else [(self.head, None)]))
+                        seconds, _ = clock.time(lambda pairs=pairs, n=n: [call(inputs[n, w.shape[1]])
+                                                                          for call, (w, _) in pairs])
                         if repeat >= warmups:
-                            times.setdefault((candidate, n, part), []).append(time.perf_counter() - start)
+                            times.setdefault((candidate, n, part), []).append(seconds)
         median = statistics.median
         return {c: {"decode_ms": round(1e3 * (scale * median(times[c, 1, "layers"]) + median(times[c, 1, "head"])), 3),
                     f"verify{rows}_ms": round(1e3 * (scale * median(times[c, rows, "layers"]) +
