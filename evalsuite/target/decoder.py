@@ -204,13 +204,17 @@ class FusedDecoder:
         were at the bandwidth for one row and 1.7× that for eight."""
         if products not in PRODUCTS:
             raise ValueError(f"products {products!r}: choose from {', '.join(PRODUCTS)}")
-        available = _mkl_packing_available() and rows >= MIN_PACKED_ROWS if products == "mkl" else onednn_available()
-        if self.device.type != "cpu" or self.embed.dtype != torch.float32 or not available:
+        if not self.can_prepare(products) or (products == "mkl" and rows < MIN_PACKED_ROWS):
             self._pack(None, 0)
             return False
         if (products, rows) != (self.products, self._packed_rows):
             self._pack(products, rows)
         return True
+
+    def can_prepare(self, products: str) -> bool:
+        """Whether `products`' prepared weights exist here: fp32 on a CPU, with MKL's packing or oneDNN in torch."""
+        available = _mkl_packing_available() if products == "mkl" else onednn_available()
+        return self.device.type == "cpu" and self.embed.dtype == torch.float32 and available
 
     def _pack(self, products: str | None, rows: int) -> None:
         for layer in self.layers:
@@ -247,8 +251,7 @@ class FusedDecoder:
         scale = len(self.layers) / len(layers)
         weights = [(getattr(layer, name), layer.qkv_bias if name == "qkv" else None)
                    for layer in layers for name in ("qkv", "o", "gate_up", "down")]
-        usable = [c for c in candidates if self.device.type == "cpu" and self.embed.dtype == torch.float32 and
-                  (_mkl_packing_available() if c == "mkl" else onednn_available())]
+        usable = [c for c in candidates if self.can_prepare(c)]
         generator = torch.Generator().manual_seed(0)
         inputs = {(n, w.shape[1]): torch.randn(n, w.shape[1], generator=generator).to(self.embed)
                   for n in (1, rows) for w in (self.head, *(w for w, _ in weights))}

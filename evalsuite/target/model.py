@@ -26,7 +26,7 @@ from evalsuite.hashing import file_sha256
 from evalsuite.target import embedded
 from evalsuite.target.captured import MAX_CAPTURED_CONTEXT, CapturedSteps, PooledCache
 from evalsuite.target.chat import ChatTokenizer
-from evalsuite.target.decoder import COMPILED_MAX_BLOCK, FusedDecoder, onednn_available, supported
+from evalsuite.target.decoder import COMPILED_MAX_BLOCK, MIN_PACKED_ROWS, FusedDecoder, onednn_available, supported
 from evalsuite.target.kv_cache import ATTENTION, DynamicKVCache, KVCache, check_supported
 from evalsuite.target.remembered import cpu_model, remembered_choice
 
@@ -137,6 +137,7 @@ class TargetModel:
         if compile and self.products == "auto":
             self.products = "mkl"
         self.products_choice: dict | None = None  # the measurement behind an "auto" choice (run.json)
+        self._fused_head = _FusedHead(model.get_output_embeddings(), self.fused) if self.fused is not None else None
         if compile and self.fused is not None:  # its decodes and verify blocks as compiled graphs (`compile_decode`)
             self.fused.compile_decode()
             if cuda_graphs == "auto":
@@ -248,18 +249,17 @@ class TargetModel:
     def choose_products(self, rows: int) -> dict | None:
         """MKL or oneDNN for the fused decoder's products of 1 … `rows` rows, whichever gives the lower decode +
         verify-`rows` time of the weight products measured here (`FusedDecoder.measure_products`); None where there
-        is nothing to choose (not a CPU in fp32, or one of the two missing). Remembered per machine, torch, model
+        is nothing to choose (not a CPU in fp32, one of the two missing, or blocks too small to pack). Remembered per machine, torch, model
         shape, row count and thread count (`remembered_choice`), so runs of one machine use the same kernels."""
         fused = self.fused
-        if self.device.type != "cpu" or self.dtype != torch.float32 or not onednn_available() or \
-                not fused.prepare_blocks(rows, "mkl"):
+        if rows < MIN_PACKED_ROWS or not (fused.can_prepare("mkl") and fused.can_prepare("onednn")):
             return None
-        fused.prepare_blocks(0)  # no prepared copies while both candidates' are measured
         key = {"host": socket.gethostname(), "cpu": cpu_model(), "torch": torch.__version__, "dtype": str(self.dtype),
                "shape": [fused.hidden, fused.intermediate, len(fused.layers), fused.heads, fused.kv_heads,
                          fused.head_dim, self.vocab_size], "rows": rows, "threads": torch.get_num_threads()}
 
         def measure() -> dict:
+            fused.prepare_blocks(0)  # no prepared copies of the weights beside the candidates' while they are timed
             measured = fused.measure_products(rows)
             return {"candidates": measured, "chosen": min(measured, key=lambda c: sum(measured[c].values())),
                     "rule": f"lowest decode + verify-{rows} time of the weight products (four layers scaled to all "
@@ -352,12 +352,7 @@ class TargetModel:
     def lm_head(self) -> torch.nn.Module:
         """The output head (its `weight` is the target's); with the fused decoder, inference through it runs on the
         decoder's few-row products (`FusedDecoder.head_logits`), as the verify's head does."""
-        head = self.model.get_output_embeddings()
-        if self.fused is None:
-            return head
-        if getattr(self, "_fused_head", None) is None or self._fused_head.linear is not head:
-            self._fused_head = _FusedHead(head, self.fused)
-        return self._fused_head
+        return self._fused_head if self._fused_head is not None else self.model.get_output_embeddings()
 
     def check_layer_ids(self, layer_ids: tuple[int, ...], who: str) -> None:
         # -1 is the embedding output (hidden_states[0]), which DeepSpec's configs may name
