@@ -7,6 +7,10 @@ context length, the median one-token decode time, the verify time of blocks of 2
 decode, and the row's memory floor with the copy bandwidth measured in the same run — for each `--cache`:
 `dynamic` (transformers' DynamicCache and SDPA: the engine before evalsuite.target.kv_cache) and `static`
 (evalsuite.target.kv_cache: preallocated buffers, in-place writes, GQA-folded attention on views).
+Then the roofline of an 8-token verify: its operations (forward_flops; tests/test_context_cost.py checks them
+against torch's FLOP counter) ÷ the rate a large product reaches on this machine in the same run, and the bound
+max(memory floor, compute floor) ÷ a decode's memory floor: the best verify-8 ÷ decode this machine allows at
+that context, against which issue #30's 1.3 can be read.
 
 Timing: each shape is warmed up first; every repeat times each context, engine and block size once, in turn, and
 samples the copy bandwidth, so that load drift hits every row and the floor alike (every context's cache is
@@ -51,6 +55,34 @@ def copy_bandwidth(device: torch.device, megabytes: int = 256, repeats: int = 5)
     return 2 * src.nbytes / statistics.median(times)
 
 
+def gemm_rate(device: torch.device, size: int = 1536, repeats: int = 3) -> float:
+    """Floating-point operations per second of one large square product in the target's dtype on this device
+    (2·size³ per product), the median of `repeats`: what the cores reach when a product is compute-bound."""
+    clock = DeviceClock(device)
+    a = torch.randn(size, size, device=device)
+    b = torch.randn(size, size, device=device)
+    out = torch.empty(size, size, device=device)
+    torch.mm(a, b, out=out)
+    times = []
+    for _ in range(repeats):
+        start = clock.now()
+        torch.mm(a, b, out=out)
+        times.append(clock.now() - start)
+    return 2 * size ** 3 / statistics.median(times)
+
+
+def forward_flops(target: TargetModel, weights: int, context: int, n: int) -> float:
+    """Floating-point operations of one n-token forward after `context` tokens: every weight once per row (one
+    multiply-add, 2 operations, per weight element per row; the norms' few elements included, the embedding
+    table excluded as in weight_bytes) plus attention's two products (QKᵀ and PV, 2 operations per multiply-add)
+    of each query head over the context and the block."""
+    cfg = target.config
+    heads = int(cfg.num_attention_heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    elements = weights * 8 // torch.finfo(target.dtype).bits
+    return 2 * n * elements + 4 * target.num_layers * heads * head_dim * n * (context + n)
+
+
 def weight_bytes(target: TargetModel) -> int:
     """Bytes a forward must read: every Linear weight (lm_head included) and norm; the embedding table is only
     indexed. oneDNN copies of a weight replace, not add to, the reads of the rows they serve."""
@@ -73,8 +105,10 @@ def kv_bytes_per_token(target: TargetModel) -> int:
 
 
 def measure(targets: dict[str, tuple[TargetModel, int]], contexts: list[int], repeats: int,
-            thread_counts: list[int]) -> tuple[dict[int, dict[str, dict[int, float]]], dict[int, float]]:
-    """Median seconds per (context, variant, block size) and median copy bandwidth per thread count. Every
+            thread_counts: list[int]) -> tuple[dict[int, dict[str, dict[int, float]]], dict[int, float],
+                                               dict[int, float]]:
+    """Median seconds per (context, variant, block size), and median copy bandwidth and product rate (gemm_rate)
+    per thread count. Every
     repeat times every context, variant and block size once, in turn, and samples the bandwidth, so that this
     machine's drift (tens of percent within minutes on a shared VM) hits every context and the floor alike
     instead of tilting the context slope; a variant is a target and a thread count."""
@@ -109,17 +143,20 @@ def measure(targets: dict[str, tuple[TargetModel, int]], contexts: list[int], re
                 timed(context, name, n)
     times = {c: {name: {n: [] for n in BLOCKS} for name in targets} for c in contexts}
     bandwidth = {t: [] for t in thread_counts}
+    rate = {t: [] for t in thread_counts}
     for _ in range(repeats):
         for threads in thread_counts:
             torch.set_num_threads(threads)
             bandwidth[threads].append(copy_bandwidth(device, repeats=3))
+            rate[threads].append(gemm_rate(device))
         for context in contexts:
             for name in targets:
                 for n in BLOCKS:
                     times[context][name][n].append(timed(context, name, n))
     medians = {c: {name: {n: statistics.median(v) for n, v in per.items()} for name, per in by_name.items()}
                for c, by_name in times.items()}
-    return medians, {t: statistics.median(v) for t, v in bandwidth.items()}
+    return (medians, {t: statistics.median(v) for t, v in bandwidth.items()},
+            {t: statistics.median(v) for t, v in rate.items()})
 
 
 def load(args, kv_cache: str = "static", compile: bool = False, weight_layout: str = "auto",
@@ -193,7 +230,7 @@ def main() -> None:
     target = next(iter(loaded.values()))
     weights = weight_bytes(target)
     per_token = kv_bytes_per_token(target)
-    results, bandwidths = measure(targets, contexts, args.repeats, thread_counts)
+    results, bandwidths, rates = measure(targets, contexts, args.repeats, thread_counts)
     print(f"target: {target.name} on {target.device}, {args.repeats} repeats (medians; each repeat times every "
           f"context, engine and block size in turn); weights read per forward "
           f"{weights / 1e6:.0f} MB, KV {per_token / 1e3:.1f} kB/token, copy bandwidth " +
@@ -209,6 +246,26 @@ def main() -> None:
             cells = "  ".join(f"{1e3 * t[n]:11.1f} ({t[n] / t[1]:.2f})" for n in BLOCKS[1:])
             print(f"{name:{width}s}{context:7d}  {1e3 * t[1]:9.1f}  {cells}  {1e3 * floor:8.1f}  "
                   f"{t[1] / floor:14.2f}", flush=True)
+    # The roofline: no forward can beat the time to read its bytes nor the time to do its operations at the rate a
+    # large product reaches here, so max(memory floor, compute floor) bounds verify-8 from below, and
+    # that bound ÷ the decode's memory floor is the best verify-8 ÷ decode this machine allows (issue #30's target
+    # is 1.3). Attention's operations grow with the context times the block, so a block's bound rises with both.
+    print(f"roofline of a verify of {BLOCKS[-1]} tokens: compute floor = operations (weights: 2 per element per row; "
+          f"attention: QKᵀ and PV over the context) ÷ the rate of a 1536² product measured in the same run (" +
+          ", ".join(f"{r / 1e9:.0f} GFLOP/s at {t} thread{'s' if t > 1 else ''}" for t, r in rates.items()) +
+          "); bound = max(memory floor, compute floor); best ratio = bound ÷ a decode's memory floor")
+    print(f"{'engine':{width}s}context  GFLOP  compute floor ms  bound ms  verify-8 ÷ bound  best verify-8 ÷ decode")
+    n = BLOCKS[-1]
+    for context in contexts:
+        for name, t in results[context].items():
+            threads = targets[name][1]
+            decode_floor = (weights + per_token * context) / bandwidths[threads]
+            memory = (weights + per_token * (context + n)) / bandwidths[threads]
+            flops = forward_flops(target, weights, context, n)
+            compute = flops / rates[threads]
+            bound = max(memory, compute)
+            print(f"{name:{width}s}{context:7d}  {flops / 1e9:5.1f}  {1e3 * compute:16.1f}  {1e3 * bound:8.1f}  "
+                  f"{t[n] / bound:16.2f}  {bound / decode_floor:22.2f}", flush=True)
     for name in targets:
         short = results[contexts[0]][name][1]
         print(f"{name}: decode ÷ decode at {contexts[0]}: " +
