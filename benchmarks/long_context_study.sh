@@ -52,6 +52,11 @@ if [ -z "$LIMIT_IDS" ]; then
   LIMIT_IDS=$("$PY" benchmarks/long_context_study.py --target "$TARGET" --subset "$SUBSET" --min-tokens 20000 \
     --count "$COUNT")
 fi
+case ",$METHODS," in  # before the engine's costs (~20 min at 32k): a missing extra would stop the runs after them
+  *,suffix,*) "$PY" -c "import arctic_inference.suffix_decoding" 2>/dev/null || {
+    echo "long_context_study.sh: METHODS has suffix, which needs arctic-inference==0.3.0 (bash scripts/setup.sh" \
+         "--all builds it); or leave suffix out of METHODS" >&2; exit 2; } ;;
+esac
 seed_partial "$STAGE" "$PARTIAL"
 if [ -z "${SKIP_COST:-}" ] && [ ! -s "$STAGE/context_cost_cpu.txt" ]; then  # the engine's costs, beside the study
   COST=(benchmarks/context_cost.py --target "$TARGET" --contexts 1024,8192,16384,32000 --layouts auto --repeats 5)
