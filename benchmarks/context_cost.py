@@ -41,34 +41,32 @@ from evalsuite.timing import DeviceClock
 BLOCKS = (1, 2, 4, 8)
 
 
+def _median_seconds(device: torch.device, call, repeats: int) -> float:
+    """The median time of `repeats` calls of `call` after one untimed call, on the project's clock."""
+    clock = DeviceClock(device)
+    call()
+    times = []
+    for _ in range(repeats):
+        start = clock.now()
+        call()
+        times.append(clock.now() - start)
+    return statistics.median(times)
+
+
 def copy_bandwidth(device: torch.device, megabytes: int = 256, repeats: int = 5) -> float:
     """Bytes per second moved by a large tensor copy (read + write counted), the median of `repeats`."""
-    clock = DeviceClock(device)
     src = torch.ones(megabytes << 18, device=device)  # float32: 4 bytes each
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(repeats):
-        start = clock.now()
-        dst.copy_(src)
-        times.append(clock.now() - start)
-    return 2 * src.nbytes / statistics.median(times)
+    return 2 * src.nbytes / _median_seconds(device, lambda: dst.copy_(src), repeats)
 
 
-def gemm_rate(device: torch.device, size: int = 1536, repeats: int = 3) -> float:
-    """Floating-point operations per second of one large square product in the target's dtype on this device
+def gemm_rate(device: torch.device, dtype: torch.dtype = torch.float32, size: int = 1536, repeats: int = 3) -> float:
+    """Floating-point operations per second of one large square product in `dtype` (the target's) on this device
     (2·size³ per product), the median of `repeats`: what the cores reach when a product is compute-bound."""
-    clock = DeviceClock(device)
-    a = torch.randn(size, size, device=device)
-    b = torch.randn(size, size, device=device)
-    out = torch.empty(size, size, device=device)
-    torch.mm(a, b, out=out)
-    times = []
-    for _ in range(repeats):
-        start = clock.now()
-        torch.mm(a, b, out=out)
-        times.append(clock.now() - start)
-    return 2 * size ** 3 / statistics.median(times)
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    out = torch.empty(size, size, device=device, dtype=dtype)
+    return 2 * size ** 3 / _median_seconds(device, lambda: torch.mm(a, b, out=out), repeats)
 
 
 def forward_flops(target: TargetModel, weights: int, context: int, n: int) -> float:
@@ -76,11 +74,9 @@ def forward_flops(target: TargetModel, weights: int, context: int, n: int) -> fl
     multiply-add, 2 operations, per weight element per row; the norms' few elements included, the embedding
     table excluded as in weight_bytes) plus attention's two products (QKᵀ and PV, 2 operations per multiply-add)
     of each query head over the context and the block."""
-    cfg = target.config
-    heads = int(cfg.num_attention_heads)
-    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    heads = int(target.config.num_attention_heads)
     elements = weights * 8 // torch.finfo(target.dtype).bits
-    return 2 * n * elements + 4 * target.num_layers * heads * head_dim * n * (context + n)
+    return 2 * n * elements + 4 * target.num_layers * heads * _head_dim(target.config) * n * (context + n)
 
 
 def weight_bytes(target: TargetModel) -> int:
@@ -100,8 +96,11 @@ def weight_bytes(target: TargetModel) -> int:
 def kv_bytes_per_token(target: TargetModel) -> int:
     cfg = target.config
     heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
-    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
-    return 2 * target.num_layers * heads * head_dim * torch.finfo(target.dtype).bits // 8
+    return 2 * target.num_layers * heads * _head_dim(cfg) * torch.finfo(target.dtype).bits // 8
+
+
+def _head_dim(cfg) -> int:
+    return int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
 
 
 def measure(targets: dict[str, tuple[TargetModel, int]], contexts: list[int], repeats: int,
@@ -148,7 +147,7 @@ def measure(targets: dict[str, tuple[TargetModel, int]], contexts: list[int], re
         for threads in thread_counts:
             torch.set_num_threads(threads)
             bandwidth[threads].append(copy_bandwidth(device, repeats=3))
-            rate[threads].append(gemm_rate(device))
+            rate[threads].append(gemm_rate(device, any_target.dtype))
         for context in contexts:
             for name in targets:
                 for n in BLOCKS:
@@ -238,11 +237,15 @@ def main() -> None:
           " (the median of one sample per repeat); floor = (weights + KV) ÷ the copy bandwidth at the variant's "
           "thread count")
     width = max(len(name) for name in targets) + 2
+
+    def memory_floor(tokens: int, threads: int) -> float:  # weights and a KV of `tokens` read once
+        return (weights + per_token * tokens) / bandwidths[threads]
+
     print(f"{'engine':{width}s}context  decode ms  verify-2 ms (÷dec)  verify-4 ms (÷dec)  verify-8 ms (÷dec)  "
           "floor ms  decode ÷ floor", flush=True)
     for context in contexts:
         for name, t in results[context].items():
-            floor = (weights + per_token * context) / bandwidths[targets[name][1]]
+            floor = memory_floor(context, targets[name][1])
             cells = "  ".join(f"{1e3 * t[n]:11.1f} ({t[n] / t[1]:.2f})" for n in BLOCKS[1:])
             print(f"{name:{width}s}{context:7d}  {1e3 * t[1]:9.1f}  {cells}  {1e3 * floor:8.1f}  "
                   f"{t[1] / floor:14.2f}", flush=True)
@@ -259,11 +262,10 @@ def main() -> None:
     for context in contexts:
         for name, t in results[context].items():
             threads = targets[name][1]
-            decode_floor = (weights + per_token * context) / bandwidths[threads]
-            memory = (weights + per_token * (context + n)) / bandwidths[threads]
+            decode_floor = memory_floor(context, threads)
             flops = forward_flops(target, weights, context, n)
             compute = flops / rates[threads]
-            bound = max(memory, compute)
+            bound = max(memory_floor(context + n, threads), compute)
             print(f"{name:{width}s}{context:7d}  {flops / 1e9:5.1f}  {1e3 * compute:16.1f}  {1e3 * bound:8.1f}  "
                   f"{t[n] / bound:16.2f}  {bound / decode_floor:22.2f}", flush=True)
     for name in targets:

@@ -4,6 +4,7 @@ counts when the target runs that forward (a tiny random Qwen3-shaped target, row
 from __future__ import annotations
 
 import importlib
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,6 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def _module(name):
-    import sys
-
     sys.path.insert(0, str(BENCHMARKS))
     return importlib.import_module(name)
 
@@ -40,7 +39,8 @@ def test_forward_flops_matches_torch_flop_counter(context, n):
         return 2 * rows * key[-2] * query[-1] + 2 * rows * key[-2] * value[-1]
 
     attention = torch.ops.aten.scaled_dot_product_attention
-    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping={attention: sdpa, attention.default: sdpa}) as counter:
+    counter = FlopCounterMode(display=False, custom_mapping={attention: sdpa, attention.default: sdpa})
+    with torch.no_grad(), counter:
         target.forward(block, cache)
     counted = counter.get_total_flops()
     charged = context_cost.forward_flops(target, context_cost.weight_bytes(target), context, n)

@@ -204,17 +204,19 @@ class FusedDecoder:
         were at the bandwidth for one row and 1.7× that for eight."""
         if products not in PRODUCTS:
             raise ValueError(f"products {products!r}: choose from {', '.join(PRODUCTS)}")
-        if not self.can_prepare(products) or (products == "mkl" and rows < MIN_PACKED_ROWS):
+        if not self.can_prepare(products, rows):
             self._pack(None, 0)
             return False
         if (products, rows) != (self.products, self._packed_rows):
             self._pack(products, rows)
         return True
 
-    def can_prepare(self, products: str) -> bool:
-        """Whether `products`' prepared weights exist here: fp32 on a CPU, with MKL's packing or oneDNN in torch."""
+    def can_prepare(self, products: str, rows: int | None = None) -> bool:
+        """Whether `products`' prepared weights exist here: fp32 on a CPU, with MKL's packing or oneDNN in torch;
+        given `rows`, also whether blocks of that many rows use them (MKL packs for MIN_PACKED_ROWS rows or more)."""
         available = _mkl_packing_available() if products == "mkl" else onednn_available()
-        return self.device.type == "cpu" and self.embed.dtype == torch.float32 and available
+        big_enough = rows is None or products != "mkl" or rows >= MIN_PACKED_ROWS
+        return self.device.type == "cpu" and self.embed.dtype == torch.float32 and available and big_enough
 
     def _pack(self, products: str | None, rows: int) -> None:
         for layer in self.layers:
@@ -244,8 +246,8 @@ class FusedDecoder:
         from this machine: the products of `sample_layers` layers (every layer has the same shapes) scaled to the
         whole stack, plus the head, each (candidate, rows) timed in turn within every repeat so that drift hits all
         alike (median of `repeats`, after `warmups` rounds: freshly prepared weights are slow on first touch).
-        Weights are the model's own; the candidates' prepared copies of them exist only while this runs. Returns {candidate: {"decode_ms": …, "verify<rows>_ms": …}} for the
-        candidates usable here."""
+        Weights are the model's own; the candidates' prepared copies of them exist only while this runs. Returns
+        {candidate: {"decode_ms": …, "verify<rows>_ms": …}} for the candidates usable here."""
         layers = [self.layers[i] for i in sorted({round(j * (len(self.layers) - 1) / max(sample_layers - 1, 1))
                                                    for j in range(sample_layers)})]
         scale = len(self.layers) / len(layers)

@@ -26,7 +26,7 @@ from evalsuite.hashing import file_sha256
 from evalsuite.target import embedded
 from evalsuite.target.captured import MAX_CAPTURED_CONTEXT, CapturedSteps, PooledCache
 from evalsuite.target.chat import ChatTokenizer
-from evalsuite.target.decoder import COMPILED_MAX_BLOCK, MIN_PACKED_ROWS, FusedDecoder, onednn_available, supported
+from evalsuite.target.decoder import COMPILED_MAX_BLOCK, FusedDecoder, onednn_available, supported
 from evalsuite.target.kv_cache import ATTENTION, DynamicKVCache, KVCache, check_supported
 from evalsuite.target.remembered import cpu_model, remembered_choice
 
@@ -249,10 +249,11 @@ class TargetModel:
     def choose_products(self, rows: int) -> dict | None:
         """MKL or oneDNN for the fused decoder's products of 1 … `rows` rows, whichever gives the lower decode +
         verify-`rows` time of the weight products measured here (`FusedDecoder.measure_products`); None where there
-        is nothing to choose (not a CPU in fp32, one of the two missing, or blocks too small to pack). Remembered per machine, torch, model
-        shape, row count and thread count (`remembered_choice`), so runs of one machine use the same kernels."""
+        is nothing to choose (not a CPU in fp32, one of the two missing, or blocks too small to pack). Remembered
+        per machine, torch, model shape, row count and thread count (`remembered_choice`), so runs of one machine
+        use the same kernels."""
         fused = self.fused
-        if rows < MIN_PACKED_ROWS or not (fused.can_prepare("mkl") and fused.can_prepare("onednn")):
+        if not (fused.can_prepare("mkl", rows) and fused.can_prepare("onednn", rows)):
             return None
         key = {"host": socket.gethostname(), "cpu": cpu_model(), "torch": torch.__version__, "dtype": str(self.dtype),
                "shape": [fused.hidden, fused.intermediate, len(fused.layers), fused.heads, fused.kv_heads,
