@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from evalsuite.bundled import SHIPPED
+from evalsuite.bundled import SHIPPED, is_target_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
@@ -24,7 +24,16 @@ import evalsuite
 from evalsuite.methods.checkpoints import drafter_source
 from evalsuite.tasks.base import LoadOptions, DATA_DIR, get_task
 from evalsuite.report.published import PUBLISHED_DIR
-print(json.dumps({
+from evalsuite.errors import UserError
+from evalsuite.target.embedded import EMBEDDED, QWEN_CODER_KEY
+class Qwen:  # a stand-in for the 32k target: its name, no weights
+    name = EMBEDDED[QWEN_CODER_KEY].name
+try:
+    drafter_source("dlite", {}, Qwen())
+    qwen = "found"
+except UserError as error:
+    qwen = str(error)
+print(json.dumps({"qwen": qwen,
     "package": evalsuite.__file__, "tasks": str(DATA_DIR), "published": str(PUBLISHED_DIR),
     "dlite": drafter_source("dlite", {}), "eagle3": drafter_source("eagle3", {}),
     "gsm8k": len(get_task("gsm8k").load(LoadOptions(limit=3))),
@@ -63,6 +72,9 @@ def test_wheel_ships_tasks_and_default_drafters(tmp_path):
     assert "evalsuite/_bundled/tasks/gsm8k/test.jsonl" in names
     assert not [n for n in names if "eval-runs" in n]
     assert not [n for n in names if "/training/" in n or "training-" in n]  # training inputs: train from a checkout
+    targets = [d.name for d in (ROOT / "baselines" / "drafters").iterdir() if is_target_folder(d)]
+    assert "qwen2.5-coder-0.5b" in targets  # other targets' drafters stay in the repository (setup.py)
+    assert not [n for n in names if any(f"/baselines/drafters/{t}/" in n for t in targets)]
     assert "evalsuite/_bundled/tasks/gsm8k/task.toml" in names and "evalsuite/_bundled/tasks/README.md" in names
     assert wheel.stat().st_size < 80 * 2**20, "the wheel should stay well below PyPI's 100 MB limit"
 
@@ -80,3 +92,13 @@ def test_wheel_ships_tasks_and_default_drafters(tmp_path):
     assert found["dlite"] == str(packaged / "_bundled" / "baselines" / "drafters" / "dlite")
     assert found["eagle3"] == str(packaged / "_bundled" / "baselines" / "drafters" / "eagle3")
     assert found["gsm8k"] == 3 and found["swebench"] == 2
+    assert "wheels carry only the default target's drafters" in found["qwen"]
+    assert "baselines/drafters/qwen2.5-coder-0.5b/dlite/" in found["qwen"] and "\n" not in found["qwen"]
+
+
+def test_manifest_prunes_every_other_targets_drafters():
+    """The sdist leaves out what wheels leave out: MANIFEST.in prunes each folder of another target's drafters."""
+    manifest = (ROOT / "MANIFEST.in").read_text().splitlines()
+    for folder in (ROOT / "baselines" / "drafters").iterdir():
+        if is_target_folder(folder):
+            assert f"prune baselines/drafters/{folder.name}" in manifest, folder.name

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from evalsuite.bundled import bundled_path
+from evalsuite.bundled import bundled_path, packaged
 from evalsuite.errors import UserError
 from evalsuite.target import embedded
 from evalsuite.target.model import cached_weights_hash, weights_hash
@@ -80,8 +80,13 @@ def drafter_source(method: str, options: dict, target=None) -> str | None:
     if (default / _CONFIG).exists():
         return str(default)
     shown = f"baselines/drafters/{default.relative_to(DEFAULT_DRAFTER_ROOT).as_posix()}/"
-    where = "this install has no baselines/drafters/ (installed without its bundled data)" \
-        if not DEFAULT_DRAFTER_ROOT.is_dir() else f"no shipped default in {shown}"
+    if not DEFAULT_DRAFTER_ROOT.is_dir():
+        where = "this install has no baselines/drafters/ (installed without its bundled data)"
+    elif packaged() and default.parent != DEFAULT_DRAFTER_ROOT:
+        where = (f"wheels carry only the default target's drafters ({shown} ships in the repository: run from "
+                 f"a checkout)")
+    else:
+        where = f"no shipped default in {shown}"
     raise UserError(f"method {method}: no --drafter given and {where}; pass --drafter {method}=DIR "
                     f"(or {method}=random for an untrained drafter)")
 
