@@ -1,11 +1,18 @@
 """What `evalsuite run` is about to do, printed before it starts, with an estimate of how long it will take.
 
-The estimate adds, over every pending (method, turn) decode: the target's prefill of the turn's new context tokens,
-and `--max-new-tokens` × `--repeats` tokens at the method's cost per token at that context. The costs are measured
-on this machine just before the run: the target's one-token forward at a short and a longer context (a line
-through both), its prefill rate, and each method's cost per token relative to `ar` in the warm-up. Turns that end
-early (an EOS) take less, and drafting methods whose τ differs from the warm-up's go faster or slower: it is an
-estimate, not a bound. A plan over an hour also offers a sized command that fits in about ten minutes.
+The estimate adds, over every pending (method, turn) decode: the target's prefill of the turn's new context tokens
+at their place in the context, and `--max-new-tokens` × `--repeats` tokens at the method's cost per token at that
+context. The costs are measured on this machine just before the run, at the contexts the plan reaches:
+- the target's one-token forward at a short context and at the plan's longest (a line through both: attention
+  reads the whole cache);
+- its prefill rate per token from the start and after that longest context (a line in the offset, so a long
+  prefill costs what its growing attention costs);
+- each method's cost per token relative to `ar`: from the turns a resumed run has stored already (paired, binned
+  by context: τ and the verify's price both move with it), else from the warm-up's one short prompt.
+A long context is measured over random K/V written into the cache (`fill_synthetic`: attention costs the same
+whatever the values) rather than prefilled, so the measurement takes seconds at 32k. Turns that end early (an EOS)
+take less, and drafting methods whose τ differs from the one measured go faster or slower: it is an estimate, not
+a bound. A plan over an hour also offers a sized command that fits in about ten minutes.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import shlex
 import statistics
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 
 from evalsuite import metrics
@@ -36,18 +44,54 @@ class Costs:
     decode_long_s: float  # … at `long` tokens
     short: int
     long: int
-    prefill_per_token_s: float
+    prefill_per_token_s: float  # per token of a prefill of `prefill_tokens` tokens from the start
     method_ratio: dict[str, float] = field(default_factory=dict)  # method s/token ÷ ar s/token in the warm-up
+    prefill_tokens: int = 0
+    prefill_long_per_token_s: float | None = None  # per token of a chunk of `prefill_tokens` after `long` tokens
+    synthetic: bool = False  # the long context held random K/V instead of a prefill
+    stored_ratio: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)  # stored_ratios()
+
+    def ratio(self, method: str, context: int) -> float:
+        """A method's seconds per token ÷ ar's at `context`: from the run's stored turns where it has some (their
+        binned medians, interpolated in context, flat past the ends), else from the warm-up."""
+        if method in self.stored_ratio:
+            contexts, ratios = self.stored_ratio[method]
+            return float(np.interp(context, contexts, ratios))
+        return self.method_ratio.get(method, 1.0)
 
     def decode_s(self, context: int) -> float:
         slope = (self.decode_long_s - self.decode_short_s) / max(self.long - self.short, 1)
         return max(self.decode_short_s + slope * (context - self.short), self.decode_short_s)
 
+    def prefill_rate_s(self, offset: float) -> float:
+        """Seconds per prefilled token whose chunk is centred `offset` tokens into the context."""
+        start = self.prefill_tokens / 2
+        if self.prefill_long_per_token_s is None:
+            return self.prefill_per_token_s
+        end = self.long + self.prefill_tokens / 2
+        slope = (self.prefill_long_per_token_s - self.prefill_per_token_s) / max(end - start, 1.0)
+        floor = min(self.prefill_per_token_s, self.prefill_long_per_token_s)
+        return max(self.prefill_per_token_s + slope * (offset - start), floor)
+
+    def prefill_s(self, start: int, tokens: int) -> float:
+        """A prefill of `tokens` new tokens after `start` cached ones: each at the rate of its chunk's middle."""
+        return tokens * self.prefill_rate_s(start + tokens / 2) if tokens > 0 else 0.0
+
     def describe(self) -> str:
-        ratios = ", ".join(f"{m} {r:.2f}×" for m, r in self.method_ratio.items() if m != BASELINE)
+        ratios = ", ".join(f"{m} {r:.2f}×" for m, r in self.method_ratio.items()
+                           if m != BASELINE and m not in self.stored_ratio)
+        stored = ", ".join(f"{m} {min(r):.2f}–{max(r):.2f}×" for m, (_, r) in self.stored_ratio.items())
+        if stored:
+            spans = [c for contexts, _ in self.stored_ratio.values() for c in contexts]
+            stored = (f"; per token against ar in the stored turns ({min(spans):,.0f}–{max(spans):,.0f} tokens "
+                      f"of context): {stored}")
+        synthetic = " (random K/V in the cache)" if self.synthetic else ""
+        prefill = f"prefill {1e3 * self.prefill_per_token_s:.2f} ms/token"
+        if self.prefill_long_per_token_s is not None:
+            prefill += f" from the start, {1e3 * self.prefill_long_per_token_s:.2f} after {self.long:,} tokens"
         return (f"measured: ar {1e3 * self.decode_short_s:.0f} ms/token at {self.short:,} tokens of context, "
-                f"{1e3 * self.decode_long_s:.0f} ms at {self.long:,}; prefill {1e3 * self.prefill_per_token_s:.2f} "
-                f"ms/token" + (f"; per token against ar in the warm-up: {ratios}" if ratios else ""))
+                f"{1e3 * self.decode_long_s:.0f} ms at {self.long:,}{synthetic}; {prefill}"
+                + stored + (f"; per token against ar in the warm-up: {ratios}" if ratios else ""))
 
 
 @dataclass
@@ -104,7 +148,9 @@ def make_plan(runner, warmup_costs: dict[str, float] | None = None) -> Plan:
                 cfg.repeats, None)
     if target is None or not units:
         return plan
-    plan.costs = measure_costs(target, warmup_costs or {})
+    longest = max((context for turns_ in per_turn.values() for context, _, _ in turns_), default=0)
+    plan.costs = measure_costs(target, warmup_costs or {}, longest)
+    plan.costs.stored_ratio = stored_ratios(runner.stored)
     estimates = {sample: turn_costs(plan.costs, turns_, cfg) for sample, turns_ in per_turn.items()}
     plan.estimate_s = sum(sum(total for total, _ in est) for est in estimates.values())
     plan.prefill_s = sum(sum(prefill for _, prefill in est) for est in estimates.values())
@@ -137,33 +183,104 @@ def turn_costs(costs: Costs, turns: list[tuple[int, int, list[str]]], cfg) -> li
     """(estimated seconds, of which prefill) per pending turn."""
     found = []
     for context, fresh, methods in turns:
-        prefill = fresh * costs.prefill_per_token_s
-        decode = sum(costs.method_ratio.get(m, 1.0) for m in methods) * costs.decode_s(context)
+        prefill = costs.prefill_s(context - fresh, fresh)
+        decode = sum(costs.ratio(m, context) for m in methods) * costs.decode_s(context)
         found.append((prefill + decode * cfg.max_new_tokens * cfg.repeats, prefill))
     return found
 
 
-def measure_costs(target, warmup_costs: dict[str, float], repeats: int = 5) -> Costs:
-    """The target's one-token forward at a short and a longer context, and its prefill rate, measured now."""
+STORED_BINS = 8  # at most this many context bins per method in stored_ratios
+STORED_MIN_ROWS = 3  # rows per bin at least
+
+
+def stored_ratios(stored: dict[tuple[str, str], list]) -> dict[str, tuple[list[float], list[float]]]:
+    """Per drafting method with at least STORED_MIN_ROWS decoded, uncontended stored turns: its paired time per
+    token ÷ ar's on the same turn (1 / speedup_turn), as (median context, median ratio) of up to STORED_BINS bins
+    of equal counts in context order. What a resumed run has measured already is a better guide than the
+    warm-up's one short prompt: τ and the verify's cost both move with the context."""
+    rows: dict[str, list[tuple[float, float]]] = {}
+    for (method, _), turns in stored.items():
+        if method == BASELINE:
+            continue
+        for row in turns:
+            speedup = getattr(row, "speedup_turn", float("nan"))
+            if getattr(row, "skip_reason", None) or getattr(row, "contended", False) or not speedup > 0:
+                continue
+            rows.setdefault(method, []).append((float(row.context_len), 1.0 / float(speedup)))
+    lines = {}
+    for method, found in rows.items():
+        if len(found) < STORED_MIN_ROWS:
+            continue
+        found.sort()
+        bins = np.array_split(np.array(found), min(STORED_BINS, len(found) // STORED_MIN_ROWS))
+        lines[method] = ([float(np.median(b[:, 0])) for b in bins], [float(np.median(b[:, 1])) for b in bins])
+    return lines
+
+
+def measure_costs(target, warmup_costs: dict[str, float], longest: int = 0, repeats: int = 5) -> Costs:
+    """The target's one-token forward at a short context and at the plan's `longest` (at least a prefill's
+    length), and its prefill rate from the start and after `longest`, measured now. Past the prefill's length
+    the cache holds random K/V (`fill_synthetic`) where it can; a cache that cannot (`--kv-cache dynamic`) is
+    prefilled, up to PREFILLED_MAX tokens, and the lines are extended from there."""
     short = 64
-    long = max(short * 2, min(1024, target.max_context // 4))
+    chunk = max(short * 2, min(1024, target.max_context // 4))
     decode_short, _ = _forward_s(target, short, repeats)
-    decode_long, prefill_s = _forward_s(target, long, repeats)
-    ar = warmup_costs.get(BASELINE)
-    ratio = {m: (s / ar if ar else 1.0) for m, s in warmup_costs.items()}
-    return Costs(decode_short, decode_long, short, long, prefill_s / long, ratio)
+    decode_chunk, prefill_s = _forward_s(target, chunk, repeats)
+    ratio = {m: (s / warmup_costs[BASELINE] if warmup_costs.get(BASELINE) else 1.0) for m, s in warmup_costs.items()}
+    costs = Costs(decode_short, decode_chunk, short, chunk, prefill_s / chunk, ratio, chunk)
+    long = min(longest, target.max_context - chunk - repeats - 2)
+    if long > chunk + chunk // 2:
+        decode_long, long_prefill_s, costs.synthetic, costs.long = _after_s(target, long, chunk, repeats)
+        if costs.long > chunk + chunk // 2:
+            costs.decode_long_s, costs.prefill_long_per_token_s = decode_long, long_prefill_s / chunk
+        else:
+            costs.long = chunk
+    return costs
+
+
+PREFILLED_MAX = 4096  # the longest context a cache without `fill_synthetic` is prefilled to for the estimate
 
 
 def _forward_s(target, context: int, repeats: int) -> tuple[float, float]:
     """(median one-token forward s after `context` tokens, the prefill's s)."""
     cache = target.new_cache()
     cache.reserve(context + repeats + 2)
-    ids = torch.arange(context, device=target.device) % max(target.vocab_size, 1)
+    ids = _ids(target, context)
+    prefill_s, _ = DeviceClock(target.device).time(lambda: target.forward(ids, cache, last_only=True))
+    return _decodes_s(target, cache, ids[-1:].clone(), repeats), prefill_s
+
+
+def _after_s(target, context: int, chunk: int, repeats: int) -> tuple[float, float, bool, int]:
+    """(median one-token forward s, s of a `chunk`-token prefill, whether the K/V were random, the context) after
+    `context` tokens: random K/V where the cache can hold them, else a prefill of at most PREFILLED_MAX tokens."""
+    cache = target.new_cache()
+    synthetic = hasattr(cache, "fill_synthetic")
+    if synthetic:
+        cache.fill_synthetic(target.config, 1, context, target.dtype, target.device, room=chunk + repeats + 2)
+    else:
+        context = min(context, PREFILLED_MAX)
+        cache.reserve(context + chunk + repeats + 2)
+        target.forward(_ids(target, context), cache, last_only=True)
+    ids = _ids(target, chunk)
+    decode = _decodes_s(target, cache, ids[-1:].clone(), repeats)
+    prefill_s, _ = DeviceClock(target.device).time(lambda: target.forward(ids, cache, last_only=True))
+    cache.crop_to(0)
+    return decode, prefill_s, synthetic, context
+
+
+def _decodes_s(target, cache, token: torch.Tensor, repeats: int) -> float:
+    """Median of `repeats` one-token forwards after two untimed ones, each cropped back to the same context."""
     clock = DeviceClock(target.device)
-    prefill_s, _ = clock.time(lambda: target.forward(ids, cache, last_only=True))
-    token = ids[-1:].clone()
-    times = [clock.time(lambda: target.forward(token, cache))[0] for _ in range(repeats + 2)]
-    return statistics.median(times[2:]), prefill_s
+    length = cache.get_seq_length()
+    times = []
+    for _ in range(repeats + 2):
+        times.append(clock.time(lambda: target.forward(token, cache))[0])
+        cache.crop_to(length)
+    return statistics.median(times[2:])
+
+
+def _ids(target, count: int) -> torch.Tensor:
+    return torch.arange(count, device=target.device) % max(target.vocab_size, 1)
 
 
 def sized_command(runner, estimates: dict[str, list[tuple[float, float]]]) -> str:
