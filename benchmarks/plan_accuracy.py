@@ -64,6 +64,7 @@ def main() -> None:
     torch.set_num_threads(int(config["threads"]))
     target = TargetModel.load(config["target"], config["device"], config["dtype"], config["weight_layout"],
                               config["kv_cache"], config["compile"], config["cuda_graphs"])
+    target.prepare_blocks(int(config["k"]) + 1)  # as the engine does before the plan: weights packed for the blocks
     costs = measure_costs(target, {}, int(decoded.context_len.max()))
     old = measure_costs(target, {}, 0) if args.old else None  # the short line alone: the plan before
     print(f"# python benchmarks/plan_accuracy.py {args.run_dir.name}{' --old' if args.old else ''}: run "
