@@ -105,9 +105,10 @@ def test_stored_turns_give_each_method_its_ratio_by_context():
     stored = {
         ("ar", "a"): [_row(c, 1.0) for c in (1_000, 2_000, 3_000)],
         ("dlite", "a"): [_row(1_000, 2.0), _row(1_100, 2.0), _row(1_200, 2.0)],
-        ("dlite", "b"): [_row(9_000, 0.5), _row(9_100, 0.5), _row(9_200, 0.5),
+        ("dlite", "b"): [_row(9_000, 0.5), _row(9_100, 0.5),
                          _row(5_000, 0.1, contended=True), _row(5_000, float("nan")),
-                         _row(5_000, 0.1, skip_reason="context point")],
+                         _row(5_000, 0.1, skip_reason="context point"),
+                         _row(9_200, 0.5, skip_reason=float("nan"), contended=float("nan"))],  # older runs' gaps: kept
         ("ngram", "a"): [_row(1_000, 3.0), _row(2_000, 3.0)],  # too few: the warm-up's ratio stays
     }
     lines = stored_ratios(stored)

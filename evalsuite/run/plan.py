@@ -204,8 +204,10 @@ def stored_ratios(stored: dict[tuple[str, str], list]) -> dict[str, tuple[list[f
             continue
         for row in turns:
             speedup = getattr(row, "speedup_turn", float("nan"))
-            if getattr(row, "skip_reason", None) or getattr(row, "contended", False) or not speedup > 0:
-                continue
+            skipped = isinstance(getattr(row, "skip_reason", None), str) and bool(row.skip_reason)
+            contended = getattr(row, "contended", None)
+            if skipped or (contended is not None and contended == contended and bool(contended)) or not speedup > 0:
+                continue  # a skip, a contended decode (None or NaN: not measured, kept) or no speedup
             rows.setdefault(method, []).append((float(row.context_len), 1.0 / float(speedup)))
     lines = {}
     for method, found in rows.items():
