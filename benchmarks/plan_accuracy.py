@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from evalsuite import metrics
 from evalsuite.conventions import BASELINE
 from evalsuite.run.plan import Costs, format_duration, measure_costs, stored_ratios
 from evalsuite.store.run_store import read_run
@@ -58,7 +59,7 @@ def main() -> None:
     args = parser.parse_args()
     config = json.loads((args.run_dir / "run.json").read_text())
     turns = read_run(args.run_dir).turns
-    decoded = turns[turns.skip_reason.fillna("") == ""]
+    decoded = metrics.decoded(turns)
     if (decoded.method == BASELINE).sum() == 0:
         raise SystemExit(f"plan_accuracy.py: {args.run_dir} has no decoded `ar` turn")
     torch.set_num_threads(int(config["threads"]))

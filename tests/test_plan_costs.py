@@ -96,7 +96,7 @@ def test_a_cache_without_synthetic_fill_is_prefilled_up_to_a_cap(tiny_llama_dir,
 
 def _row(context: int, speedup: float, **changes):
     from types import SimpleNamespace
-    return SimpleNamespace(**{"context_len": context, "speedup_turn": speedup, "skip_reason": None,
+    return SimpleNamespace(**{"context_len": context, "speedup_turn": speedup, "stop_reason": "eos",
                               "contended": False, **changes})
 
 
@@ -107,8 +107,8 @@ def test_stored_turns_give_each_method_its_ratio_by_context():
         ("dlite", "a"): [_row(1_000, 2.0), _row(1_100, 2.0), _row(1_200, 2.0)],
         ("dlite", "b"): [_row(9_000, 0.5), _row(9_100, 0.5),
                          _row(5_000, 0.1, contended=True), _row(5_000, float("nan")),
-                         _row(5_000, 0.1, skip_reason="context point"),
-                         _row(9_200, 0.5, skip_reason=float("nan"), contended=float("nan"))],  # older runs' gaps: kept
+                         _row(5_000, 0.1, stop_reason="skipped"),
+                         _row(9_200, 0.5, stop_reason="max_new_tokens")],
         ("ngram", "a"): [_row(1_000, 3.0), _row(2_000, 3.0)],  # too few: the warm-up's ratio stays
     }
     lines = stored_ratios(stored)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from evalsuite import metrics
-from evalsuite.conventions import BASELINE
+from evalsuite.conventions import BASELINE, SKIPPED
 from evalsuite.run.resume import program
 from evalsuite.tasks.base import LoadOptions
 from evalsuite.timing import DeviceClock
@@ -203,11 +203,9 @@ def stored_ratios(stored: dict[tuple[str, str], list]) -> dict[str, tuple[list[f
         if method == BASELINE:
             continue
         for row in turns:
-            speedup = getattr(row, "speedup_turn", float("nan"))
-            skipped = isinstance(getattr(row, "skip_reason", None), str) and bool(row.skip_reason)
-            contended = getattr(row, "contended", None)
-            if skipped or (contended is not None and contended == contended and bool(contended)) or not speedup > 0:
-                continue  # a skip, a contended decode (None or NaN: not measured, kept) or no speedup
+            speedup = row.speedup_turn  # read_run fills what older runs lack (contended: False)
+            if row.stop_reason == SKIPPED or row.contended or not speedup > 0:
+                continue
             rows.setdefault(method, []).append((float(row.context_len), 1.0 / float(speedup)))
     lines = {}
     for method, found in rows.items():
@@ -232,11 +230,10 @@ def measure_costs(target, warmup_costs: dict[str, float], longest: int = 0, repe
     costs = Costs(decode_short, decode_chunk, short, chunk, prefill_s / chunk, ratio, chunk)
     long = min(longest, target.max_context - chunk - repeats - 2)
     if long > chunk + chunk // 2:
-        decode_long, long_prefill_s, costs.synthetic, costs.long = _after_s(target, long, chunk, repeats)
-        if costs.long > chunk + chunk // 2:
-            costs.decode_long_s, costs.prefill_long_per_token_s = decode_long, long_prefill_s / chunk
-        else:
-            costs.long = chunk
+        decode_long, long_prefill_s, synthetic, long = _after_s(target, long, chunk, repeats)
+        if long > chunk + chunk // 2:  # (a prefilled context is capped at PREFILLED_MAX)
+            costs = replace(costs, decode_long_s=decode_long, long=long, synthetic=synthetic,
+                            prefill_long_per_token_s=long_prefill_s / chunk)
     return costs
 
 
