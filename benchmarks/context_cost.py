@@ -14,7 +14,7 @@ that context, against which issue #30's 1.3 can be read.
 
 Timing: each shape is warmed up first; every repeat times each context, engine and block size once, in turn, and
 samples the copy bandwidth, so that load drift hits every row and the floor alike (every context's cache is
-held at once); the context is random token ids (attention cost does not depend on the values). Threads: what torch
+held at once; a captured target's one cache is set to each length in turn); the context is random token ids (attention cost does not depend on the values). Threads: what torch
 uses (set OMP_NUM_THREADS).
 
 Usage: python benchmarks/context_cost.py [--target default] [--contexts 512,2048,4096,8000] [--repeats 10]
@@ -114,20 +114,37 @@ def measure(targets: dict[str, tuple[TargetModel, int]], contexts: list[int], re
     any_target = next(iter(targets.values()))[0]
     device = any_target.device
     clock = DeviceClock(device)
+    # Each context's cache is prefilled and held at once; a captured target (CUDA graphs) holds one context at a
+    # time, so its one cache is prefilled with the longest context and set to each shorter length in turn: rolled
+    # back, or moved forward over K/V the buffers still hold (timing does not depend on their values).
+    longest = max(contexts)
     caches, blocks = {}, {}
     for context in contexts:
         generator = torch.Generator().manual_seed(context)
-        ids = torch.randint(4, any_target.vocab_size, (context,), generator=generator).to(device)
         blocks[context] = {n: torch.randint(4, any_target.vocab_size, (n,), generator=generator).to(device)
                            for n in BLOCKS}
-        for name, (target, threads) in targets.items():
-            torch.set_num_threads(threads)
+    for name, (target, threads) in targets.items():
+        torch.set_num_threads(threads)
+        for context in ([longest] if target.captured is not None else contexts):
+            generator = torch.Generator().manual_seed(context)
+            ids = torch.randint(4, any_target.vocab_size, (context,), generator=generator).to(device)
             cache = caches[context, name] = target.new_cache()
             cache.reserve(context + max(BLOCKS) + 1)
             target.forward(ids, cache, last_only=True)
 
+    def cache_at(context: int, name: str):
+        shared = caches.get((longest, name)) if targets[name][0].captured is not None else None
+        if shared is None:
+            return caches[context, name]
+        length = shared.get_seq_length()
+        if length > context:
+            shared.crop_to(context)
+        for layer in shared.layers if length < context else ():
+            layer.advance(context - length)
+        return shared
+
     def timed(context: int, name: str, n: int) -> float:
-        (target, threads), cache = targets[name], caches[context, name]
+        (target, threads), cache = targets[name], cache_at(context, name)
         torch.set_num_threads(threads)  # untimed
         start = clock.now()
         target.forward(blocks[context][n], cache)
@@ -209,7 +226,9 @@ def main() -> None:
         raise SystemExit("--threads with more than one count: a compiled variant keeps the thread count it was "
                          "compiled with; time compiled variants at one --threads value per run")
     if args.compile:
-        variants["column-major+compile"] = dict(weight_layout="column-major", kv_cache="static", compile=True)
+        # the HF decoder compiled, in the layout that is fastest for it on the device (column-major on a CPU)
+        compiled_layout = "column-major" if args.device.startswith("cpu") else "row-major"
+        variants[f"{compiled_layout}+compile"] = dict(weight_layout=compiled_layout, kv_cache="static", compile=True)
     loaded = {name: load(args, **options) for name, options in variants.items()}
     for name, target in loaded.items():
         if block_attention.get(name):

@@ -1,29 +1,58 @@
 #!/usr/bin/env bash
-# The engine on a GPU, in one short run (about 5 minutes on one H200): a Qwen3-8B-shaped target with random bf16
+# The engine on a GPU, in one short run (under 9 minutes on one H200): a Qwen3-8B-shaped target with random bf16
 # weights. First whether the CUDA-graph path (evalsuite.target.captured, `--cuda-graphs`) gives the fused decoder's greedy
-# tokens (captured_check.py: exits non-zero if not); then `ar` ms/token against the memory floor (weight + KV
+# tokens, in float32 and bfloat16 (captured_check.py: exits non-zero if a token differs by more than a near-tie); then `ar` ms/token against the memory floor (weight + KV
 # bytes ÷ the copy bandwidth measured in the same run) and verify-2/4/8 ÷ decode at 1k, 8k and 32k context for
-# the fused decoder with and without CUDA graphs and the Hugging Face decoder compiled; then each drafter's draft ms
-# (untrained drafters of the default size: cost, not quality).
+# the fused decoder with and without CUDA graphs, then the Hugging Face decoder compiled (a run of its own, so
+# that a slow compilation cannot cost the rest); then each drafter's draft ms (untrained drafters of the default
+# size: cost, not quality).
+# Each stage runs under its own time limit and a failed stage does not stop the next; the script exits non-zero
+# when any stage failed, and stages.txt says which.
 # Usage (on the GPU machine, from the repository root): bash benchmarks/gpu_check.sh [OUT_DIR]
+# (DRAFT_COST=0 leaves out the draft-cost stage.)
 # With the device tool, carry the two wheels gpu_profile.sh describes:
 #     run(command="bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=600)
-set -euo pipefail
+set -uo pipefail
 cd "$(dirname "$0")/.."
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/evalsuite-site \
-    .whl/*.whl
+    .whl/*.whl || exit 1
   export PYTHONPATH="/tmp/evalsuite-site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 out=${1:-benchmarks/results}
 mkdir -p "$out"
-"$PY" benchmarks/captured_check.py --target qwen3-8b-random --device cuda --context 2048 --tokens 64 \
-  | tee "$out/captured_check_gpu.txt"
-"$PY" benchmarks/context_cost.py --target qwen3-8b-random --device cuda --contexts 1024,8192,32768 --repeats 10 \
-  --layouts fused,fused+graphs --compile | tee "$out/context_cost_gpu.txt"
-"$PY" benchmarks/draft_cost.py --target qwen3-8b-random --device cuda | tee "$out/draft_cost_gpu.txt"
-if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then
-  cp "$out/captured_check_gpu.txt" "$out/context_cost_gpu.txt" "$out/draft_cost_gpu.txt" "$OUT/"
+# Where the device tool's $OUT exists, every file is copied there as soon as its stage ends (a cut-off call keeps
+# what finished).
+keep() { if [ -n "${OUT:-}" ] && [ -d "${OUT:-}" ]; then cp "$@" "$OUT/"; fi; }
+failed=0
+: > "$out/stages_gpu.txt"
+stage() {  # stage NAME SECONDS FILE COMMAND...
+  local name=$1 limit=$2 file=$3; shift 3
+  local start=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$out/$file"
+  local rc=${PIPESTATUS[0]}
+  echo "$name: exit $rc after $((SECONDS - start)) s (limit $limit s)" | tee -a "$out/stages_gpu.txt"
+  [ "$rc" = 0 ] || failed=1
+  keep "$out/$file" "$out/stages_gpu.txt"
+}
+{ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv 2>&1
+  "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+'transformers', transformers.__version__)"; } | tee "$out/gpu_env.txt"
+keep "$out/gpu_env.txt"
+stage captured_fp32 90 captured_check_fp32_gpu.txt \
+  "$PY" benchmarks/captured_check.py --target qwen3-8b-random --device cuda --dtype float32 --context 2048 --tokens 64
+stage captured_bf16 70 captured_check_gpu.txt \
+  "$PY" benchmarks/captured_check.py --target qwen3-8b-random --device cuda --context 2048 --tokens 64
+stage context_cost 190 context_cost_gpu.txt \
+  "$PY" benchmarks/context_cost.py --target qwen3-8b-random --device cuda --contexts 1024,8192,32768 --repeats 10 \
+  --layouts fused,fused+graphs
+stage context_cost_compile 110 context_cost_compile_gpu.txt \
+  "$PY" benchmarks/context_cost.py --target qwen3-8b-random --device cuda --contexts 1024,8192,32768 --repeats 5 \
+  --layouts fused+graphs --compile
+if [ "${DRAFT_COST:-1}" = 1 ]; then
+  stage draft_cost 100 draft_cost_gpu.txt \
+    "$PY" benchmarks/draft_cost.py --target qwen3-8b-random --device cuda --contexts 2048,8192,32768 --steps 10
 fi
+exit $failed
