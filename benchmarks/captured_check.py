@@ -17,7 +17,8 @@ Pass (exit 0): `graphs` gives `static`'s argmax at every position (the replay of
 argmax where `static` or `graphs` differs from `plain` is a near-tie. In float32 no flip is expected at all.
 
 Usage (the GPU machine; benchmarks/gpu_check.sh runs it):
-    python benchmarks/captured_check.py --target qwen3-8b-random --device cuda [--dtype float32] [--context 2048]
+    python benchmarks/captured_check.py --target qwen3-8b-random --device cuda [--dtype float32] [--context 2048] \
+        [--attention masked-sdpa|flash-length]
     python benchmarks/captured_check.py --target qwen3-8b-random --tiny          # the code path on a CPU
 """
 
@@ -78,6 +79,8 @@ def main() -> None:
                         help="default: bfloat16 on CUDA, float32 on a CPU")
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--attention", default="masked-sdpa", choices=["masked-sdpa", "flash-length"],
+                        help="the static-shape forwards' attention (FusedDecoder.captured_attention)")
     parser.add_argument("--tiny", action="store_true")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -88,6 +91,7 @@ def main() -> None:
     shape = "tiny" if args.tiny else RANDOM_TARGETS[args.target]
     target = random_target(shape, args.target, args.device, dtype, weight_layout="fused", cuda_graphs="off")
     target.prepare_blocks(K + 1)
+    target.fused.captured_attention = args.attention  # forward_at only: the plain forward is unchanged
     capacity = args.context + args.tokens + 4 * (K + 1) + 1
     ways = {"static": CapturedSteps(target.fused, target.config, capacity, K + 1, graphs=False)}
     capture_s, recorded = 0.0, 0
@@ -109,7 +113,8 @@ def main() -> None:
         results[name] = run_sequence(target, steps.new_cache(), prompt, greedy[:-1], args.tokens, blocks)[1]
     target.captured = None
 
-    print(f"{target.name} ({shape}) on {args.device}, {dtype}: {args.context}-token prompt, {args.tokens} "
+    print(f"{target.name} ({shape}) on {args.device}, {dtype}, captured attention {args.attention}: "
+          f"{args.context}-token prompt, {args.tokens} "
           f"teacher-forced decodes, verify blocks 1…{K + 1}; " +
           (f"{recorded} CUDA graphs recorded in {capture_s:.1f} s" if on_cuda else "no CUDA: no graphs"))
     failed = False

@@ -176,7 +176,7 @@ def measure(targets: dict[str, tuple[TargetModel, int]], contexts: list[int], re
 
 
 def load(args, kv_cache: str = "static", compile: bool = False, weight_layout: str = "auto",
-         cuda_graphs: str = "off") -> TargetModel:
+         cuda_graphs: str = "off", captured_attention: str = "masked-sdpa") -> TargetModel:
     """The default target or a path as `evalsuite run` loads it; or a random Qwen3-shaped one (draft_cost.py's)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from draft_cost import RANDOM_TARGETS, random_target
@@ -189,6 +189,8 @@ def load(args, kv_cache: str = "static", compile: bool = False, weight_layout: s
         target = TargetModel.load(args.target, args.device, kv_cache=kv_cache, compile=compile,
                                   weight_layout=weight_layout, cuda_graphs=cuda_graphs)
     target.prepare_blocks(max(BLOCKS))  # as the engine does before a run with --k 7
+    if target.fused is not None:
+        target.fused.captured_attention = captured_attention  # before the graphs are recorded
     target.prepare_layers([()])  # CUDA graphs: every block size and span captured before timing
     return target
 
@@ -202,7 +204,8 @@ def main() -> None:
     parser.add_argument("--layouts", default="auto",
                         help="comma-separated engines to time side by side: a --weight-layout each (auto, fused, "
                              "column-major+onednn, ...), optionally +dynamic for transformers' DynamicCache, "
-                             "+graphs for the fused decoder's CUDA-graph replays (--device cuda), +compile for its "
+                             "+graphs for the fused decoder's CUDA-graph replays (--device cuda; +graphs+flash: their attention by "
+                             "flash attention over the live keys only), +compile for its "
                              "one-token decodes through torch.compile (--compile) or +sdpa for the fused decoder with SDPA "
                              "for verify blocks too (the CPU default attends by GEMMs)")
     parser.add_argument("--threads", default=None,
@@ -214,13 +217,17 @@ def main() -> None:
     thread_counts = [int(t) for t in args.threads.split(",")] if args.threads else [torch.get_num_threads()]
     variants = {}
     block_attention = {}
+    known = {"graphs", "dynamic", "sdpa", "compile", "flash"}
     for spec in args.layouts.split(","):
-        graphs = spec.endswith("+graphs")
-        layout = spec.removesuffix("+graphs").removesuffix("+dynamic").removesuffix("+sdpa").removesuffix("+compile")
-        variants[spec] = dict(weight_layout=layout or "auto", cuda_graphs="on" if graphs else "off",
-                              kv_cache="dynamic" if spec.endswith("+dynamic") else "static",
-                              compile=spec.endswith("+compile"))
-        block_attention[spec] = "sdpa" if spec.endswith("+sdpa") else None
+        layout, *flags = spec.split("+")
+        if not set(flags) <= known:
+            raise SystemExit(f"--layouts {spec}: unknown suffix {sorted(set(flags) - known)} (known: {sorted(known)})")
+        if "flash" in flags and "graphs" not in flags:
+            raise SystemExit(f"--layouts {spec}: +flash is the captured path's attention (needs +graphs)")
+        variants[spec] = dict(weight_layout=layout or "auto", cuda_graphs="on" if "graphs" in flags else "off",
+                              kv_cache="dynamic" if "dynamic" in flags else "static", compile="compile" in flags,
+                              captured_attention="flash-length" if "flash" in flags else "masked-sdpa")
+        block_attention[spec] = "sdpa" if "sdpa" in flags else None
     if len(thread_counts) > 1 and (args.compile or any(v.get("compile") for v in variants.values())):
         # inductor's C++ kernels fix their OpenMP thread count when they are compiled
         raise SystemExit("--threads with more than one count: a compiled variant keeps the thread count it was "
@@ -240,6 +247,7 @@ def main() -> None:
         for threads in thread_counts:
             label = f"{target.weight_layout}{'+dynamic' if target.kv_cache == 'dynamic' else ''}" + \
                 ("+graphs" if target.cuda_graphs == "on" else "") + ("+compile" if target.compile else "") + \
+                ("+flash" if target.fused is not None and target.fused.captured_attention == "flash-length" else "") + \
                 ("+sdpa" if target.fused is not None and target.fused.block_attention == "sdpa"
                  and target.device.type == "cpu" else "") + \
                 (f"/{threads}t" if len(thread_counts) > 1 or args.threads else "")

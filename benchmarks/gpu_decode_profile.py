@@ -1,6 +1,7 @@
 """Where a captured decode's time goes on a GPU: torch.profiler over CUDA-graph replays of one-token decodes and
 8-token verifies of the random Qwen3-8B-shaped target at two contexts; prints the GPU kernel time per forward
-against the wall time per forward, and the top kernels. Usage: python benchmarks/gpu_decode_profile.py"""
+against the wall time per forward, and the top kernels.
+Usage: python benchmarks/gpu_decode_profile.py [masked-sdpa|flash-length]   (the captured path's attention)"""
 import sys
 import time
 from pathlib import Path
@@ -12,6 +13,8 @@ from draft_cost import random_target  # noqa: E402
 
 target = random_target("qwen3-8b", "qwen3-8b-random", "cuda", torch.bfloat16, weight_layout="fused", cuda_graphs="on")
 target.prepare_blocks(8)
+target.fused.captured_attention = sys.argv[1] if len(sys.argv) > 1 else "masked-sdpa"
+print(f"captured attention: {target.fused.captured_attention}")
 target.prepare_layers([()])
 cache = target.new_cache()
 ids = torch.randint(4, target.vocab_size, (32768,), device="cuda")

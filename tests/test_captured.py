@@ -21,17 +21,21 @@ LAYERS = (-1, 0, 1)
 CAPACITY = 600  # spans 256 and 600: the context below crosses from one to the other
 
 
-def _captured(directory) -> TargetModel:
+def _captured(directory, attention: str = "masked-sdpa") -> TargetModel:
     target = TargetModel.load(str(directory), weight_layout="fused")
     target.prepare_blocks(K + 1)
+    target.fused.captured_attention = attention
     target.captured = CapturedSteps(target.fused, target.config, CAPACITY, K + 1, graphs=False)
     return target
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3"])
+# "flash-length" runs `length_attention`'s plain-torch form here (the flash kernel needs CUDA): what is checked on
+# a CPU is the plumbing around it (query heads unfolded, strided K/V views, the live length from the positions)
+@pytest.fixture(scope="module", params=[("llama", "masked-sdpa"), ("qwen3", "masked-sdpa"),
+                                        ("llama", "flash-length"), ("qwen3", "flash-length")])
 def pair(request, tiny_dirs):
-    return _captured(tiny_dirs[request.param]), TargetModel.load(str(tiny_dirs[request.param]),
-                                                                 weight_layout="row-major")
+    model, attention = request.param
+    return _captured(tiny_dirs[model], attention), TargetModel.load(str(tiny_dirs[model]), weight_layout="row-major")
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
