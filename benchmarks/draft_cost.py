@@ -157,6 +157,33 @@ def measure(target: TargetModel, drafters: dict[str, Method], contexts: list[int
     return rows
 
 
+@torch.inference_mode()
+def profile_proposals(target: TargetModel, drafters: dict[str, Method], k: int, proposals: int, top: int = 8) -> str:
+    """Where each method's proposal spends its time, right after `measure` (each drafter still holds the last
+    context): torch.profiler over `proposals` proposals, the `top` operators by own host time and, on CUDA, by own
+    device time, per proposal."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if target.device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    lines = []
+    for label, drafter in drafters.items():
+        with torch.profiler.profile(activities=activities) as prof:
+            for _ in range(proposals):
+                drafter.propose(k, Sampling(), None)
+            if target.device.type == "cuda":
+                torch.cuda.synchronize()
+        events = prof.key_averages()
+        host = sum(e.self_cpu_time_total for e in events) / proposals / 1e3
+        device = sum(e.self_device_time_total for e in events) / proposals / 1e3
+        lines.append(f"### {label}: {host:.2f} ms of host operators, {device:.2f} ms of device kernels per proposal")
+        for key, name in (("self_cpu_time_total", "host"), ("self_device_time_total", "device")):
+            ranked = [e for e in sorted(events, key=lambda e: -getattr(e, key)) if getattr(e, key) > 0][:top]
+            for e in ranked:
+                lines.append(f"    {name} {getattr(e, key) / proposals / 1e3:8.3f} ms  x{e.count // proposals:<5d} "
+                             f"{e.key[:90]}")
+    return "\n".join(lines)
+
+
 # ---- output -----------------------------------------------------------------------------------------------------
 def human_bytes(n: int) -> str:
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -192,6 +219,9 @@ def main(argv: list[str] | None = None) -> list[Row]:
     parser.add_argument("--chunk", type=int, default=4096, help="target prefill chunk")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
+    parser.add_argument("--profile", type=int, default=0,
+                        help="then profile this many proposals of each method at the last context (torch.profiler: "
+                             "the top operators by own host time and by own device time)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -211,6 +241,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
     rows = measure(target, drafters, contexts, args.k, args.steps, args.warmup, args.chunk,
                    log=lambda s: print(s, file=sys.stderr, flush=True))
     print(markdown(rows, args.k))
+    if args.profile:
+        print(profile_proposals(target, drafters, args.k, args.profile))
     if args.json:
         Path(args.json).write_text(json.dumps({"target": target.name, "dtype": str(target.dtype),
                                                "device": str(target.device), "k": args.k,

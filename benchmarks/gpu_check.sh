@@ -57,7 +57,8 @@ stage context_cost 200 context_cost_gpu.txt \
 stage decode_profile 80 decode_profile_flash_gpu.txt "$PY" benchmarks/gpu_decode_profile.py flash-length
 if [ "${DRAFT_COST:-1}" = 1 ]; then
   stage draft_cost 100 draft_cost_gpu.txt \
-    "$PY" benchmarks/draft_cost.py --target qwen3-8b-random --device cuda --contexts 2048,8192,32768 --steps 10
+    "$PY" benchmarks/draft_cost.py --target qwen3-8b-random --device cuda --contexts 2048,8192,32768 --steps 10 \
+    --profile 3
 fi
 if [ "${COMPILE:-0}" = 1 ]; then  # the Hugging Face decoder through torch.compile, beside the captured path
   stage context_cost_compile 150 context_cost_compile_gpu.txt \
