@@ -204,8 +204,9 @@ def main() -> None:
     parser.add_argument("--layouts", default="auto",
                         help="comma-separated engines to time side by side: a --weight-layout each (auto, fused, "
                              "column-major+onednn, ...), optionally +dynamic for transformers' DynamicCache, "
-                             "+graphs for the fused decoder's CUDA-graph replays (--device cuda; +graphs+flash: their attention by "
-                             "flash attention over the live keys only), +compile for its "
+                             "+graphs for the fused decoder's CUDA-graph replays (--device cuda; +graphs+flash / "
+                             "+graphs+split: their attention by flash attention over the live keys / by the split-K "
+                             "Triton kernel), +compile for its "
                              "one-token decodes through torch.compile (--compile) or +sdpa for the fused decoder with SDPA "
                              "for verify blocks too (the CPU default attends by GEMMs)")
     parser.add_argument("--threads", default=None,
@@ -217,16 +218,17 @@ def main() -> None:
     thread_counts = [int(t) for t in args.threads.split(",")] if args.threads else [torch.get_num_threads()]
     variants = {}
     block_attention = {}
-    known = {"graphs", "dynamic", "sdpa", "compile", "flash"}
+    known = {"graphs", "dynamic", "sdpa", "compile", "flash", "split"}
     for spec in args.layouts.split(","):
         layout, *flags = spec.split("+")
         if not set(flags) <= known:
             raise SystemExit(f"--layouts {spec}: unknown suffix {sorted(set(flags) - known)} (known: {sorted(known)})")
-        if "flash" in flags and "graphs" not in flags:
-            raise SystemExit(f"--layouts {spec}: +flash is the captured path's attention (needs +graphs)")
+        if ("flash" in flags or "split" in flags) and "graphs" not in flags:
+            raise SystemExit(f"--layouts {spec}: +flash and +split are the captured path's attention (need +graphs)")
         variants[spec] = dict(weight_layout=layout or "auto", cuda_graphs="on" if "graphs" in flags else "off",
                               kv_cache="dynamic" if "dynamic" in flags else "static", compile="compile" in flags,
-                              captured_attention="flash-length" if "flash" in flags else "masked-sdpa")
+                              captured_attention="flash-length" if "flash" in flags else
+                              "split-k" if "split" in flags else "masked-sdpa")
         block_attention[spec] = "sdpa" if "sdpa" in flags else None
     if len(thread_counts) > 1 and (args.compile or any(v.get("compile") for v in variants.values())):
         # inductor's C++ kernels fix their OpenMP thread count when they are compiled
@@ -247,7 +249,8 @@ def main() -> None:
         for threads in thread_counts:
             label = f"{target.weight_layout}{'+dynamic' if target.kv_cache == 'dynamic' else ''}" + \
                 ("+graphs" if target.cuda_graphs == "on" else "") + ("+compile" if target.compile else "") + \
-                ("+flash" if target.fused is not None and target.fused.captured_attention == "flash-length" else "") + \
+                {"flash-length": "+flash", "split-k": "+split"}.get(
+                    target.fused.captured_attention if target.fused is not None else "", "") + \
                 ("+sdpa" if target.fused is not None and target.fused.block_attention == "sdpa"
                  and target.device.type == "cpu" else "") + \
                 (f"/{threads}t" if len(thread_counts) > 1 or args.threads else "")

@@ -1,7 +1,8 @@
 """Where a captured decode's time goes on a GPU: torch.profiler over CUDA-graph replays of one-token decodes and
 8-token verifies of the random Qwen3-8B-shaped target at two contexts; prints the GPU kernel time per forward
 against the wall time per forward, and the top kernels.
-Usage: python benchmarks/gpu_decode_profile.py [masked-sdpa|flash-length]   (the captured path's attention)"""
+Usage: python benchmarks/gpu_decode_profile.py [ATTENTION ...]   (the captured path's attentions, each in turn:
+masked-sdpa, flash-length, split-k; default masked-sdpa)"""
 import sys
 import time
 from pathlib import Path
@@ -11,34 +12,40 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from draft_cost import random_target  # noqa: E402
 
+from evalsuite.target.captured import CapturedSteps  # noqa: E402
+
 target = random_target("qwen3-8b", "qwen3-8b-random", "cuda", torch.bfloat16, weight_layout="fused", cuda_graphs="on")
-target.prepare_blocks(8)
-target.fused.captured_attention = sys.argv[1] if len(sys.argv) > 1 else "masked-sdpa"
-print(f"captured attention: {target.fused.captured_attention}")
-target.prepare_layers([()])
-cache = target.new_cache()
+
 ids = torch.randint(4, target.vocab_size, (32768,), device="cuda")
-target.forward(ids, cache, last_only=True)
-for context in (32768, 1024):  # descending: crop_to only shortens the cache
-    for n in (1, 8):
-        block = ids[:n].clone()
-        for _ in range(3):
-            cache.crop_to(context)
-            target.forward(block, cache)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(20):
-            cache.crop_to(context)
-            target.forward(block, cache)
-        torch.cuda.synchronize()
-        wall = (time.perf_counter() - start) / 20
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
+for attention in sys.argv[1:] or ["masked-sdpa"]:
+    target.prepare_blocks(8)
+    target.fused.captured_attention = attention
+    # a fresh captured cache and fresh graphs: graphs keep the attention they were recorded with
+    target.captured = CapturedSteps(target.fused, target.config, target.captured.capacity, 8, graphs=True)
+    target.prepare_layers([()])
+    print(f"captured attention: {attention}")
+    cache = target.new_cache()
+    target.forward(ids, cache, last_only=True)
+    for context in (32768, 1024):  # descending: crop_to only shortens the cache
+        for n in (1, 8):
+            block = ids[:n].clone()
+            for _ in range(3):
                 cache.crop_to(context)
                 target.forward(block, cache)
             torch.cuda.synchronize()
-        events = [e for e in prof.key_averages() if e.device_time_total > 0]
-        total = sum(e.self_device_time_total for e in events) / 5 / 1e3
-        print(f"context {context} block {n}: wall {wall * 1e3:.2f} ms/forward, GPU kernels {total:.2f} ms/forward")
-        for e in sorted(events, key=lambda e: -e.self_device_time_total)[:8]:
-            print(f"    {e.self_device_time_total / 5 / 1e3:7.3f} ms  x{e.count // 5:4d}  {e.key[:100]}")
+            start = time.perf_counter()
+            for _ in range(20):
+                cache.crop_to(context)
+                target.forward(block, cache)
+            torch.cuda.synchronize()
+            wall = (time.perf_counter() - start) / 20
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    cache.crop_to(context)
+                    target.forward(block, cache)
+                torch.cuda.synchronize()
+            events = [e for e in prof.key_averages() if e.device_time_total > 0]
+            total = sum(e.self_device_time_total for e in events) / 5 / 1e3
+            print(f"context {context} block {n}: wall {wall * 1e3:.2f} ms/forward, GPU kernels {total:.2f} ms/forward")
+            for e in sorted(events, key=lambda e: -e.self_device_time_total)[:8]:
+                print(f"    {e.self_device_time_total / 5 / 1e3:7.3f} ms  x{e.count // 5:4d}  {e.key[:100]}")

@@ -29,10 +29,12 @@ def _captured(directory, attention: str = "masked-sdpa") -> TargetModel:
     return target
 
 
-# "flash-length" runs `length_attention`'s plain-torch form here (the flash kernel needs CUDA): what is checked on
-# a CPU is the plumbing around it (query heads unfolded, strided K/V views, the live length from the positions)
+# "flash-length" and "split-k" run their plain-torch forms here (their kernels need CUDA; split-k's Triton kernel is
+# checked on a CPU by tests/test_split_attention.py): what is checked here is the plumbing around them (query heads
+# unfolded, strided K/V views, the live length from the positions)
 @pytest.fixture(scope="module", params=[("llama", "masked-sdpa"), ("qwen3", "masked-sdpa"),
-                                        ("llama", "flash-length"), ("qwen3", "flash-length")])
+                                        ("llama", "flash-length"), ("qwen3", "flash-length"),
+                                        ("llama", "split-k"), ("qwen3", "split-k")])
 def pair(request, tiny_dirs):
     model, attention = request.param
     return _captured(tiny_dirs[model], attention), TargetModel.load(str(tiny_dirs[model]), weight_layout="row-major")

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from evalsuite.target.split_attention import split_attention
 from evalsuite.timing import DeviceClock
 
 _ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
@@ -210,8 +211,10 @@ class FusedDecoder:
         self.block_attention = "gemm" if self.device.type == "cpu" else "sdpa"
         self._scores = torch.empty(0, dtype=self.embed.dtype, device=self.device)  # `_block_attention`'s buffer
         # how `forward_at` (the captured path's static-shape forward) attends over its span: "masked-sdpa" (SDPA
-        # under a boolean mask of the live columns; any device) or "flash-length" (flash attention reading only
-        # the live keys, their count a device tensor: `_length_attention`; CUDA, fp16/bf16)
+        # under a boolean mask of the live columns; any device), "flash-length" (flash attention reading only
+        # the live keys, their count a device tensor: `_length_attention`; CUDA, fp16/bf16) or "split-k" (a
+        # Triton kernel split over the keys, every query row of a K/V head in one program:
+        # evalsuite.target.split_attention; CUDA, any dtype)
         self.captured_attention = "masked-sdpa"
         self._compiled = None  # `compile_decode`: decodes' and verify blocks' layers through torch.compile
 
@@ -482,6 +485,9 @@ class FusedDecoder:
         sin = self._sin.index_select(0, positions).view(1, rows, 1, self.head_dim)
         if self.captured_attention == "flash-length":
             attend = self._length_attention(positions, rows, span)
+        elif self.captured_attention == "split-k":
+            def attend(folded, keys, values):
+                return split_attention(folded, keys, values, positions, self.scaling)
         else:
             columns = torch.arange(span, device=positions.device).view(1, span)
             attend = self._sdpa((columns <= positions.view(rows, 1)).repeat(self.groups, 1))

@@ -1,0 +1,131 @@
+"""Attention of a short block over a long KV cache, split over the keys (flash-decoding), for the captured path.
+
+The captured path (evalsuite.target.captured) records one CUDA graph per (block rows, span), so the attention
+cannot take its length from Python: `FusedDecoder.forward_at` hands over the block's absolute positions as a
+device tensor. SDPA under a boolean mask of the live columns reads K/V at a twentieth of HBM speed on an H200
+(benchmarks/results/gpu_h200/sdpa_probe_gpu.txt): with few query rows its kernels get one thread block per head
+and walk the whole span alone. Here the keys are split into chunks of `SPLIT` positions, one program per (K/V
+head, chunk), each reading the chunk's K/V once for every query row of its head (grouped-query heads folded into
+rows, as `_layer` hands them over); its loads stop at the live length it reads from the positions (masked
+loads touch no memory), so a chunk past the context costs a launch, not a read; the chunks' partial softmaxes are merged by their log-sum-exp.
+
+`split_attention(folded, keys, values, positions, scale)` runs the Triton kernel on CUDA (and on any device
+when TRITON_INTERPRET=1, which is how tests/test_split_attention.py checks it on a CPU) and the same arithmetic in
+plain torch otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+SPLIT = 512  # keys per program: at a 41k span 81 chunks × 8 K/V heads keep an H200's 132 multiprocessors busy
+BLOCK_N = 64  # keys per step inside a program
+
+
+def split_attention(folded: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
+                    scale: float) -> torch.Tensor:
+    """`folded` [1, kv_heads, groups·rows, dim] (row g·rows + i is block row i of query head kv·groups + g),
+    `keys`/`values` [1, kv_heads, span, dim] (views of the cache buffers, the block's own K/V already written),
+    `positions` [rows] the block's absolute positions (device). Block row i attends keys 0 … positions[i].
+    Returns the folded output, in the queries' dtype."""
+    if folded.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return _triton_split_attention(folded, keys, values, positions, scale)
+    return _reference(folded, keys, values, positions, scale)
+
+
+def _reference(folded, keys, values, positions, scale):
+    """The same attention in plain torch, float32 accumulation (CPU fallback and the tests' reference)."""
+    _, heads, m, _ = folded.shape
+    rows = positions.numel()
+    span = keys.shape[2]
+    scores = torch.matmul(folded.float(), keys.float().transpose(-1, -2)) * scale  # [1, kv_heads, m, span]
+    limit = positions.repeat(m // rows).view(1, 1, m, 1)
+    visible = torch.arange(span, device=folded.device).view(1, 1, 1, span) <= limit
+    scores = scores.masked_fill(~visible, float("-inf"))
+    return torch.matmul(scores.softmax(-1), values.float()).to(folded.dtype)
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def chunk(q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, max_ptr, sum_ptr,
+              stride_qh, stride_qm, stride_kh, stride_kn, stride_vh, stride_vn,
+              stride_ah, stride_as, stride_am, stride_mh, stride_ms,
+              scale, m_rows, block_rows,
+              DIM: tl.constexpr, DIM_PAD: tl.constexpr, M_PAD: tl.constexpr, BLOCK: tl.constexpr,
+              CHUNK: tl.constexpr, IEEE: tl.constexpr):
+        head = tl.program_id(0)
+        part = tl.program_id(1)
+        offs_m = tl.arange(0, M_PAD)
+        offs_d = tl.arange(0, DIM_PAD)
+        row_ok = offs_m < m_rows
+        dim_ok = offs_d < DIM
+        limit = tl.load(pos_ptr + offs_m % block_rows, mask=row_ok, other=-1)  # last key each row sees
+        live = tl.max(limit, axis=0) + 1
+        q = tl.load(q_ptr + head * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+                    mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+        best = tl.full([M_PAD], float("-inf"), tl.float32)
+        total = tl.zeros([M_PAD], tl.float32)
+        acc = tl.zeros([M_PAD, DIM_PAD], tl.float32)
+        start = part * CHUNK
+        end = tl.minimum(start + CHUNK, live)
+        for step in range(CHUNK // BLOCK):  # a fixed count: loads past the live length are masked, never read
+            offs_n = start + step * BLOCK + tl.arange(0, BLOCK)
+            key_ok = offs_n < end
+            k = tl.load(k_ptr + head * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
+                        mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
+            if IEEE:
+                scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                scores = tl.dot(q, tl.trans(k))
+            scores = tl.where(offs_n[None, :] <= limit[:, None], scores * scale, float("-inf"))
+            new_best = tl.maximum(best, tl.max(scores, axis=1))
+            shift = tl.where(new_best == float("-inf"), 0.0, new_best)  # rows that saw nothing yet
+            weights = tl.exp(scores - shift[:, None])
+            decay = tl.exp(best - shift)
+            total = total * decay + tl.sum(weights, axis=1)
+            v = tl.load(v_ptr + head * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
+                        mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
+            if IEEE:
+                acc = acc * decay[:, None] + tl.dot(weights, v.to(tl.float32), input_precision="ieee")
+            else:
+                acc = acc * decay[:, None] + tl.dot(weights.to(v.dtype), v)
+            best = new_best
+        tl.store(acc_ptr + head * stride_ah + part * stride_as + offs_m[:, None] * stride_am + offs_d[None, :], acc)
+        tl.store(max_ptr + head * stride_mh + part * stride_ms + offs_m, best)
+        tl.store(sum_ptr + head * stride_mh + part * stride_ms + offs_m, total)
+
+    return chunk, triton.next_power_of_2
+
+
+def _triton_split_attention(folded, keys, values, positions, scale):
+    chunk, next_power_of_2 = _kernel()
+    _, kv_heads, m, dim = folded.shape
+    span = keys.shape[2]
+    q, k, v = folded[0], keys[0], values[0]
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        raise ValueError("split_attention: the last dimension of queries, keys and values must be contiguous")
+    parts = -(-span // SPLIT)  # a static count per (span): one graph serves every context up to the span
+    m_pad, dim_pad = max(16, next_power_of_2(m)), max(16, next_power_of_2(dim))
+    acc = torch.empty(kv_heads, parts, m_pad, dim_pad, dtype=torch.float32, device=q.device)
+    best = torch.empty(kv_heads, parts, m_pad, dtype=torch.float32, device=q.device)
+    total = torch.empty_like(best)
+    chunk[(kv_heads, parts)](
+        q, k, v, positions, acc, best, total,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        acc.stride(0), acc.stride(1), acc.stride(2), best.stride(0), best.stride(1),
+        float(scale), m, positions.numel(),
+        DIM=dim, DIM_PAD=dim_pad, M_PAD=m_pad, BLOCK=BLOCK_N, CHUNK=SPLIT, IEEE=q.dtype == torch.float32)
+    # merge the chunks: each partial softmax rescaled to the rows' overall maximum (chunks past the context hold
+    # -inf and 0 and drop out)
+    overall = best.amax(dim=1, keepdim=True)
+    overall = torch.where(torch.isinf(overall), torch.zeros_like(overall), overall)
+    weight = torch.exp(best - overall)  # [kv_heads, parts, m_pad]
+    out = (acc * weight.unsqueeze(-1)).sum(1) / (total * weight).sum(1).unsqueeze(-1)
+    return out[:, :m, :dim].unsqueeze(0).to(folded.dtype)
