@@ -9,7 +9,7 @@
 # drafter's draft ms (untrained drafters of the default size: cost, not quality) with a profile of its proposals;
 # the Hugging Face decoder compiled on request.
 # Each stage runs under its own time limit and a failed stage does not stop the next; the script exits non-zero
-# when any stage failed, and stages_gpu.txt says which.
+# when any stage failed, and stages_gpu.txt says which. STOP_AT (epoch seconds) caps them all.
 # Usage (on the GPU machine, from the repository root): bash benchmarks/gpu_check.sh [OUT_DIR]
 # (DRAFT_COST=0 leaves out the draft-cost stage; COMPILE=1 adds the compiled Hugging Face decoder: it did not
 # finish in 110 s on 2026-12-04.)
@@ -35,6 +35,15 @@ failed=0
 stage() {  # stage NAME SECONDS FILE COMMAND...
   local name=$1 limit=$2 file=$3; shift 3
   local start=$SECONDS
+  if [ -n "${STOP_AT:-}" ]; then  # an epoch second no stage may run past (gpu_session.sh sets it)
+    local left=$((STOP_AT - $(date +%s)))
+    if [ "$left" -lt 20 ]; then
+      echo "$name: not started, $left s left before STOP_AT" | tee -a "$out/stages_gpu.txt"
+      failed=1
+      return
+    fi
+    [ "$left" -lt "$limit" ] && limit=$left
+  fi
   timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$out/$file"
   local rc=${PIPESTATUS[0]}
   echo "$name: exit $rc after $((SECONDS - start)) s (limit $limit s)" | tee -a "$out/stages_gpu.txt"
