@@ -7,7 +7,7 @@ device tensor. SDPA under a boolean mask of the live columns reads K/V at a twen
 and walk the whole span alone. Here the keys are split into chunks of `SPLIT` positions, one program per (K/V
 head, chunk), each reading the chunk's K/V once for every query row of its head (grouped-query heads folded into
 rows, as `_layer` hands them over); its loads stop at the live length it reads from the positions (masked
-loads touch no memory), so a chunk past the context costs a launch, not a read; the chunks' partial softmaxes are merged by their log-sum-exp.
+loads touch no memory), so a chunk past the context costs a launch, not a read; the chunks' partial softmaxes are merged by their log-sum-exp in a second kernel.
 
 `split_attention(folded, keys, values, positions, scale)` runs the Triton kernel on CUDA (and on any device
 when TRITON_INTERPRET=1, which is how tests/test_split_attention.py checks it on a CPU) and the same arithmetic in
@@ -101,11 +101,38 @@ def _kernel():
         tl.store(max_ptr + head * stride_mh + part * stride_ms + offs_m, best)
         tl.store(sum_ptr + head * stride_mh + part * stride_ms + offs_m, total)
 
-    return chunk, triton.next_power_of_2
+    @triton.jit
+    def merge(acc_ptr, max_ptr, sum_ptr, out_ptr, parts,
+              stride_ah, stride_as, stride_am, stride_mh, stride_ms, stride_oh, stride_om, m_rows,
+              DIM: tl.constexpr, DIM_PAD: tl.constexpr, M_PAD: tl.constexpr, PARTS_PAD: tl.constexpr):
+        head = tl.program_id(0)
+        offs_m = tl.arange(0, M_PAD)
+        offs_d = tl.arange(0, DIM_PAD)
+        offs_p = tl.arange(0, PARTS_PAD)
+        bests = tl.load(max_ptr + head * stride_mh + offs_p[:, None] * stride_ms + offs_m[None, :],
+                        mask=(offs_p < parts)[:, None], other=float("-inf"))
+        overall = tl.max(bests, axis=0)
+        overall = tl.where(overall == float("-inf"), 0.0, overall)  # padded rows: nothing anywhere
+        out = tl.zeros([M_PAD, DIM_PAD], tl.float32)
+        total = tl.zeros([M_PAD], tl.float32)
+        for part in range(PARTS_PAD):  # chunks past the context hold -inf and 0 (weight 0); past `parts`: masked
+            real = part < parts
+            weight = tl.exp(tl.load(max_ptr + head * stride_mh + part * stride_ms + offs_m, mask=real & (offs_m >= 0),
+                                    other=float("-inf")) - overall)
+            total += weight * tl.load(sum_ptr + head * stride_mh + part * stride_ms + offs_m,
+                                      mask=real & (offs_m >= 0), other=0.0)
+            out += weight[:, None] * tl.load(acc_ptr + head * stride_ah + part * stride_as
+                                             + offs_m[:, None] * stride_am + offs_d[None, :],
+                                             mask=real & (offs_m >= 0)[:, None], other=0.0)
+        out = out / tl.where(total == 0.0, 1.0, total)[:, None]
+        tl.store(out_ptr + head * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=(offs_m < m_rows)[:, None] & (offs_d < DIM)[None, :])
+
+    return chunk, merge, triton.next_power_of_2
 
 
 def _triton_split_attention(folded, keys, values, positions, scale):
-    chunk, next_power_of_2 = _kernel()
+    chunk, merge, next_power_of_2 = _kernel()
     _, kv_heads, m, dim = folded.shape
     span = keys.shape[2]
     q, k, v = folded[0], keys[0], values[0]
@@ -122,10 +149,11 @@ def _triton_split_attention(folded, keys, values, positions, scale):
         acc.stride(0), acc.stride(1), acc.stride(2), best.stride(0), best.stride(1),
         float(scale), m, positions.numel(),
         DIM=dim, DIM_PAD=dim_pad, M_PAD=m_pad, BLOCK=BLOCK_N, CHUNK=SPLIT, IEEE=q.dtype == torch.float32)
-    # merge the chunks: each partial softmax rescaled to the rows' overall maximum (chunks past the context hold
-    # -inf and 0 and drop out)
-    overall = best.amax(dim=1, keepdim=True)
-    overall = torch.where(torch.isinf(overall), torch.zeros_like(overall), overall)
-    weight = torch.exp(best - overall)  # [kv_heads, parts, m_pad]
-    out = (acc * weight.unsqueeze(-1)).sum(1) / (total * weight).sum(1).unsqueeze(-1)
-    return out[:, :m, :dim].unsqueeze(0).to(folded.dtype)
+    # merge the chunks in one more kernel: each partial softmax rescaled to the row's overall maximum, written in
+    # the folded layout and the queries' dtype
+    out = torch.empty(1, kv_heads, m, dim, dtype=folded.dtype, device=q.device)
+    merge[(kv_heads,)](
+        acc, best, total, out, parts,
+        acc.stride(0), acc.stride(1), acc.stride(2), best.stride(0), best.stride(1), out.stride(1), out.stride(2), m,
+        DIM=dim, DIM_PAD=dim_pad, M_PAD=m_pad, PARTS_PAD=max(2, next_power_of_2(parts)))
+    return out
