@@ -14,8 +14,8 @@ that context, against which issue #30's 1.3 can be read.
 
 Timing: each shape is warmed up first; every repeat times each context, engine and block size once, in turn, and
 samples the copy bandwidth, so that load drift hits every row and the floor alike (every context's cache is
-held at once; a captured target's one cache is set to each length in turn); the context is random token ids (attention cost does not depend on the values). Threads: what torch
-uses (set OMP_NUM_THREADS).
+held at once; a captured target's one cache is set to each length in turn); the context is random token ids
+(attention cost does not depend on the values). Threads: what torch uses (set OMP_NUM_THREADS).
 
 Usage: python benchmarks/context_cost.py [--target default] [--contexts 512,2048,4096,8000] [--repeats 10]
        [--cache dynamic,static] [--compile]
@@ -39,6 +39,8 @@ from evalsuite.target.model import TargetModel
 from evalsuite.timing import DeviceClock
 
 BLOCKS = (1, 2, 4, 8)
+# `--layouts` suffixes that pick the captured path's attention (FusedDecoder.captured_attention)
+CAPTURED_ATTENTION = {"flash": "flash-length", "split": "split-k"}
 
 
 def _median_seconds(device: torch.device, call, repeats: int) -> float:
@@ -206,9 +208,9 @@ def main() -> None:
                              "column-major+onednn, ...), optionally +dynamic for transformers' DynamicCache, "
                              "+graphs for the fused decoder's CUDA-graph replays (--device cuda; +graphs+flash / "
                              "+graphs+split: their attention by flash attention over the live keys / by the split-K "
-                             "Triton kernel), +compile for its "
-                             "one-token decodes through torch.compile (--compile) or +sdpa for the fused decoder with SDPA "
-                             "for verify blocks too (the CPU default attends by GEMMs)")
+                             "Triton kernel), +compile for its one-token decodes through torch.compile (--compile) "
+                             "or +sdpa for the fused decoder with SDPA for verify blocks too (the CPU default attends "
+                             "by GEMMs)")
     parser.add_argument("--threads", default=None,
                         help="comma-separated thread counts, each timed as its own variant (default: torch's)")
     parser.add_argument("--compile", action="store_true", help="also time the HF decoder with --compile")
@@ -218,17 +220,17 @@ def main() -> None:
     thread_counts = [int(t) for t in args.threads.split(",")] if args.threads else [torch.get_num_threads()]
     variants = {}
     block_attention = {}
-    known = {"graphs", "dynamic", "sdpa", "compile", "flash", "split"}
+    known = {"graphs", "dynamic", "sdpa", "compile", *CAPTURED_ATTENTION}
     for spec in args.layouts.split(","):
         layout, *flags = spec.split("+")
         if not set(flags) <= known:
             raise SystemExit(f"--layouts {spec}: unknown suffix {sorted(set(flags) - known)} (known: {sorted(known)})")
-        if ("flash" in flags or "split" in flags) and "graphs" not in flags:
+        attention = [CAPTURED_ATTENTION[f] for f in flags if f in CAPTURED_ATTENTION]
+        if attention and "graphs" not in flags:
             raise SystemExit(f"--layouts {spec}: +flash and +split are the captured path's attention (need +graphs)")
         variants[spec] = dict(weight_layout=layout or "auto", cuda_graphs="on" if "graphs" in flags else "off",
                               kv_cache="dynamic" if "dynamic" in flags else "static", compile="compile" in flags,
-                              captured_attention="flash-length" if "flash" in flags else
-                              "split-k" if "split" in flags else "masked-sdpa")
+                              captured_attention=attention[0] if attention else "masked-sdpa")
         block_attention[spec] = "sdpa" if "sdpa" in flags else None
     if len(thread_counts) > 1 and (args.compile or any(v.get("compile") for v in variants.values())):
         # inductor's C++ kernels fix their OpenMP thread count when they are compiled
@@ -249,8 +251,8 @@ def main() -> None:
         for threads in thread_counts:
             label = f"{target.weight_layout}{'+dynamic' if target.kv_cache == 'dynamic' else ''}" + \
                 ("+graphs" if target.cuda_graphs == "on" else "") + ("+compile" if target.compile else "") + \
-                {"flash-length": "+flash", "split-k": "+split"}.get(
-                    target.fused.captured_attention if target.fused is not None else "", "") + \
+                "".join(f"+{flag}" for flag, attention in CAPTURED_ATTENTION.items()
+                        if target.fused is not None and target.fused.captured_attention == attention) + \
                 ("+sdpa" if target.fused is not None and target.fused.block_attention == "sdpa"
                  and target.device.type == "cpu" else "") + \
                 (f"/{threads}t" if len(thread_counts) > 1 or args.threads else "")

@@ -176,12 +176,15 @@ def profile_proposals(target: TargetModel, drafters: dict[str, Method], k: int, 
         host = sum(e.self_cpu_time_total for e in events) / proposals / 1e3
         device = sum(e.self_device_time_total for e in events) / proposals / 1e3
         lines.append(f"### {label}: {host:.2f} ms of host operators, {device:.2f} ms of device kernels per proposal")
-        for key, name in (("self_cpu_time_total", "host"), ("self_device_time_total", "device")):
-            ranked = [e for e in sorted(events, key=lambda e: -getattr(e, key)) if getattr(e, key) > 0][:top]
-            for e in ranked:
-                lines.append(f"    {name} {getattr(e, key) / proposals / 1e3:8.3f} ms  x{e.count // proposals:<5d} "
-                             f"{e.key[:90]}")
+        lines += top_operators(events, "self_cpu_time_total", proposals, top, "host ")
+        lines += top_operators(events, "self_device_time_total", proposals, top, "device ")
     return "\n".join(lines)
+
+
+def top_operators(events, key: str, calls: int, top: int, prefix: str = "") -> list[str]:
+    """The `top` profiler events by `key` (an event's own time, µs), per call: 'ms  ×count  name' lines."""
+    ranked = [e for e in sorted(events, key=lambda e: -getattr(e, key)) if getattr(e, key) > 0][:top]
+    return [f"    {prefix}{getattr(e, key) / calls / 1e3:8.3f} ms  x{e.count // calls:<5d} {e.key[:90]}" for e in ranked]
 
 
 # ---- output -----------------------------------------------------------------------------------------------------

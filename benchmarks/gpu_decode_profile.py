@@ -4,19 +4,20 @@ against the wall time per forward, and the top kernels.
 Usage: python benchmarks/gpu_decode_profile.py [ATTENTION ...]   (the captured path's attentions, each in turn:
 masked-sdpa, flash-length, split-k; default masked-sdpa)"""
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from draft_cost import random_target  # noqa: E402
+from draft_cost import random_target, top_operators  # noqa: E402
 
 from evalsuite.target.captured import CapturedSteps  # noqa: E402
+from evalsuite.timing import DeviceClock  # noqa: E402
 
 target = random_target("qwen3-8b", "qwen3-8b-random", "cuda", torch.bfloat16, weight_layout="fused", cuda_graphs="on")
 
 ids = torch.randint(4, target.vocab_size, (32768,), device="cuda")
+clock = DeviceClock(target.device)
 for attention in sys.argv[1:] or ["masked-sdpa"]:
     target.prepare_blocks(8)
     target.fused.captured_attention = attention
@@ -32,20 +33,17 @@ for attention in sys.argv[1:] or ["masked-sdpa"]:
             for _ in range(3):
                 cache.crop_to(context)
                 target.forward(block, cache)
-            torch.cuda.synchronize()
-            start = time.perf_counter()
+            start = clock.now()
             for _ in range(20):
                 cache.crop_to(context)
                 target.forward(block, cache)
-            torch.cuda.synchronize()
-            wall = (time.perf_counter() - start) / 20
+            wall = (clock.now() - start) / 20
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                 for _ in range(5):
                     cache.crop_to(context)
                     target.forward(block, cache)
                 torch.cuda.synchronize()
-            events = [e for e in prof.key_averages() if e.device_time_total > 0]
+            events = prof.key_averages()
             total = sum(e.self_device_time_total for e in events) / 5 / 1e3
             print(f"context {context} block {n}: wall {wall * 1e3:.2f} ms/forward, GPU kernels {total:.2f} ms/forward")
-            for e in sorted(events, key=lambda e: -e.self_device_time_total)[:8]:
-                print(f"    {e.self_device_time_total / 5 / 1e3:7.3f} ms  x{e.count // 5:4d}  {e.key[:100]}")
+            print("\n".join(top_operators(events, "self_device_time_total", 5, 8)))

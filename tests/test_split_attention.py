@@ -1,4 +1,4 @@
-"""evalsuite.target.split_attention's Triton kernel on a CPU, through Triton's interpreter (TRITON_INTERPRET=1, in a
+"""evalsuite.target.captured_attention's Triton kernel on a CPU, through Triton's interpreter (TRITON_INTERPRET=1, in a
 subprocess: the variable must be set before triton is imported): the split-K attention against its plain-torch
 form, in float32, for grouped-query heads, block rows crossing a chunk boundary, a head size that is not a power of
 two and spans longer than the context (masked chunks). The interpreter's bf16 products are wrong (a product of two
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CHECK = r"""
 import torch
-from evalsuite.target.split_attention import SPLIT, _reference, split_attention
+from evalsuite.target.captured_attention import SPLIT, _reference, split_attention
 torch.manual_seed(0)
 cases = [  # (kv_heads, groups, rows, head dim, cache rows, first position)
     (2, 2, 1, 16, 700, 5),                # a decode, most chunks past the context
@@ -62,7 +62,7 @@ def test_split_attention_kernel_matches_plain_torch_in_the_interpreter():
 def test_split_attention_without_cuda_or_interpreter_is_the_plain_form():
     import torch
 
-    from evalsuite.target.split_attention import _reference, split_attention
+    from evalsuite.target.captured_attention import _reference, split_attention
 
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("TRITON_INTERPRET=1 in this process: split_attention runs the kernel")

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from evalsuite.target.split_attention import split_attention
+from evalsuite.target.captured_attention import flash_length_attention, split_attention
 from evalsuite.timing import DeviceClock
 
 _ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
@@ -101,27 +101,6 @@ def supported(model) -> str | None:
     if getattr(cfg, "sliding_window", None) and kind == "mistral":
         return "sliding-window attention"
     return None
-
-
-def length_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, cum_q: torch.Tensor,
-                     cum_k: torch.Tensor, max_q: int, max_k: int, scale: float, seqused: torch.Tensor) -> torch.Tensor:
-    """Causal attention of `query` [n, heads, dim] over the first `seqused[0]` of `keys`/`values` [max_k, kv_heads,
-    dim] (last dim contiguous; any other strides), aligned bottom-right (query i sees keys up to seqused − n + i);
-    query head h reads K/V head h // (heads / kv_heads). On CUDA: flash attention's variable-length kernel
-    (`seqused_k`); elsewhere the same arithmetic in plain torch (what the CPU tests check the plumbing with)."""
-    if query.device.type == "cuda":
-        return torch.ops.aten._flash_attention_forward(
-            query, keys, values, cum_q, cum_k, max_q, max_k, 0.0, True, False, scale=scale, seqused_k=seqused)[0]
-    rows, heads, _ = query.shape
-    used = int(seqused[0])
-    k = keys[:used].repeat_interleave(heads // keys.shape[1], dim=1).transpose(0, 1)  # [heads, used, dim]
-    v = values[:used].repeat_interleave(heads // keys.shape[1], dim=1).transpose(0, 1)
-    scores = torch.matmul(query.transpose(0, 1).float(), k.float().transpose(1, 2)) * scale  # [heads, n, used]
-    columns = torch.arange(used, device=query.device).view(1, used)
-    visible = columns <= (used - rows + torch.arange(rows, device=query.device)).view(rows, 1)
-    scores = scores.masked_fill(~visible, float("-inf"))
-    out = torch.matmul(scores.softmax(-1), v.float())  # [heads, n, dim]
-    return out.transpose(0, 1).to(query.dtype)
 
 
 @dataclass
@@ -211,10 +190,9 @@ class FusedDecoder:
         self.block_attention = "gemm" if self.device.type == "cpu" else "sdpa"
         self._scores = torch.empty(0, dtype=self.embed.dtype, device=self.device)  # `_block_attention`'s buffer
         # how `forward_at` (the captured path's static-shape forward) attends over its span: "masked-sdpa" (SDPA
-        # under a boolean mask of the live columns; any device), "flash-length" (flash attention reading only
-        # the live keys, their count a device tensor: `_length_attention`; CUDA, fp16/bf16) or "split-k" (a
-        # Triton kernel split over the keys, every query row of a K/V head in one program:
-        # evalsuite.target.split_attention; CUDA, any dtype)
+        # under a boolean mask of the live columns; any device), or reading the live keys only (their count a
+        # device tensor): "flash-length" (flash attention; CUDA, fp16/bf16) or "split-k" (a Triton kernel split
+        # over the keys; CUDA, any dtype), both in evalsuite.target.captured_attention
         self.captured_attention = "masked-sdpa"
         self._compiled = None  # `compile_decode`: decodes' and verify blocks' layers through torch.compile
 
@@ -484,7 +462,7 @@ class FusedDecoder:
         cos = self._cos.index_select(0, positions).view(1, rows, 1, self.head_dim)
         sin = self._sin.index_select(0, positions).view(1, rows, 1, self.head_dim)
         if self.captured_attention == "flash-length":
-            attend = self._length_attention(positions, rows, span)
+            attend = flash_length_attention(positions, rows, span, self.scaling, self.kv_heads, self.groups)
         elif self.captured_attention == "split-k":
             def attend(folded, keys, values):
                 return split_attention(folded, keys, values, positions, self.scaling)
@@ -506,27 +484,6 @@ class FusedDecoder:
     def _sdpa(self, mask: torch.Tensor | None):
         def attend(folded, keys, values):
             return F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask, scale=self.scaling)
-        return attend
-
-    def _length_attention(self, positions: torch.Tensor, rows: int, span: int):
-        """Attention of a block at `positions` (its K/V already written) over the first `span` cache positions,
-        reading only the live ones: flash attention's variable-length form with the number of live keys
-        (`positions[-1] + 1`) passed as a device tensor (`seqused_k`), so one CUDA graph per (rows, span) serves
-        every context up to `span` and the kernel's work follows the context, not the span (a boolean mask makes
-        every backend read all `span` columns, and the masked kernels read K/V at a twentieth of HBM speed:
-        benchmarks/results/gpu_h200/). Causal within the block, aligned bottom-right on the live keys: query i
-        sees keys up to positions[i]. Folded queries in, folded output out (`_layer`'s layout)."""
-        kv_heads, groups, dim = self.kv_heads, self.groups, self.head_dim
-        device = positions.device
-        seqused = (positions[-1:] + 1).to(torch.int32)
-        cum_q = torch.arange(0, 2 * rows, rows, device=device, dtype=torch.int32)  # [0, rows], made on the device
-        cum_k = torch.arange(0, 2 * span, span, device=device, dtype=torch.int32)
-
-        def attend(folded, keys, values):
-            query = folded.view(kv_heads, groups, rows, dim).permute(2, 0, 1, 3).reshape(rows, kv_heads * groups, dim)
-            out = length_attention(query, keys[0].transpose(0, 1), values[0].transpose(0, 1), cum_q, cum_k, rows,
-                                   span, self.scaling, seqused)
-            return out.view(rows, kv_heads, groups, dim).permute(1, 2, 0, 3).reshape(1, kv_heads, groups * rows, dim)
         return attend
 
     def _block_attention(self, bias: torch.Tensor, heads: int, rows: int, real: int, end: int):

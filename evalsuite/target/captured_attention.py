@@ -1,17 +1,22 @@
-"""Attention of a short block over a long KV cache, split over the keys (flash-decoding), for the captured path.
+"""The captured path's attentions that read only the live keys (`FusedDecoder.captured_attention`).
 
 The captured path (evalsuite.target.captured) records one CUDA graph per (block rows, span), so the attention
 cannot take its length from Python: `FusedDecoder.forward_at` hands over the block's absolute positions as a
-device tensor. SDPA under a boolean mask of the live columns reads K/V at a twentieth of HBM speed on an H200
-(benchmarks/results/gpu_h200/sdpa_probe_gpu.txt): with few query rows its kernels get one thread block per head
-and walk the whole span alone. Here the keys are split into chunks of `SPLIT` positions, one program per (K/V
-head, chunk), each reading the chunk's K/V once for every query row of its head (grouped-query heads folded into
-rows, as `_layer` hands them over); its loads stop at the live length it reads from the positions (masked
-loads touch no memory), so a chunk past the context costs a launch, not a read; the chunks' partial softmaxes are merged by their log-sum-exp in a second kernel.
+device tensor. SDPA under a boolean mask of the live columns (the default, "masked-sdpa") reads K/V at a twentieth
+of HBM speed on an H200 (benchmarks/results/gpu_h200/sdpa_probe_gpu.txt): with few query rows its kernels get one
+thread block per head and walk the whole span alone. Two attentions here read the live keys only; both take the
+queries folded as `_layer` hands them over ([1, kv_heads, groups·rows, dim], row g·rows + i = block row i of query
+head kv·groups + g) and the K/V as views of the cache buffers, the block's own K/V already written:
 
-`split_attention(folded, keys, values, positions, scale)` runs the Triton kernel on CUDA (and on any device
-when TRITON_INTERPRET=1, which is how tests/test_split_attention.py checks it on a CPU) and the same arithmetic in
-plain torch otherwise.
+- "split-k", `split_attention`: the keys split into chunks of `SPLIT` positions, one program per (K/V head, chunk),
+  each reading the chunk's K/V once for every query row of its head; its loads stop at the live length it reads
+  from the positions (masked loads touch no memory), so a chunk past the context costs a launch, not a read; the
+  chunks' partial softmaxes are merged by their log-sum-exp in a second kernel. Triton, on CUDA (and on any device
+  when TRITON_INTERPRET=1, which is how tests/test_split_attention.py checks it on a CPU);
+- "flash-length", `flash_length_attention`: flash attention's variable-length kernel with the live key count as a
+  device tensor (`seqused_k`); decodes take its split-K path, verify blocks one program per query head. CUDA, fp16/bf16.
+
+Elsewhere both compute the same attention in plain torch (`_reference`), which the CPU tests check them against.
 """
 
 from __future__ import annotations
@@ -34,6 +39,41 @@ def split_attention(folded: torch.Tensor, keys: torch.Tensor, values: torch.Tens
     if folded.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return _triton_split_attention(folded, keys, values, positions, scale)
     return _reference(folded, keys, values, positions, scale)
+
+
+def flash_length_attention(positions: torch.Tensor, rows: int, span: int, scale: float, kv_heads: int, groups: int):
+    """The "flash-length" attention of one forward: `attend(folded, keys, values)` (split_attention's layout) for a
+    block of `rows` at `positions` over `span` cache positions. The live key count (`positions[-1] + 1`) and the
+    sequence offsets are made once per forward, on the device; the kernel aligns its causal mask bottom-right on the
+    live keys, so query i sees keys up to positions[i]."""
+    device = positions.device
+    seqused = (positions[-1:] + 1).to(torch.int32)
+    cum_q = torch.arange(0, 2 * rows, rows, device=device, dtype=torch.int32)  # [0, rows], made on the device
+    cum_k = torch.arange(0, 2 * span, span, device=device, dtype=torch.int32)
+
+    def attend(folded, keys, values):
+        dim = folded.shape[-1]
+        query = folded.view(kv_heads, groups, rows, dim).permute(2, 0, 1, 3).reshape(rows, kv_heads * groups, dim)
+        k, v = keys[0].transpose(0, 1), values[0].transpose(0, 1)  # [span, kv_heads, dim], strided views
+        if device.type == "cuda":
+            out = torch.ops.aten._flash_attention_forward(query, k, v, cum_q, cum_k, rows, span, 0.0, True, False,
+                                                          scale=scale, seqused_k=seqused)[0]
+        else:
+            out = _varlen_reference(query, k, v, seqused, scale)
+        return out.view(rows, kv_heads, groups, dim).permute(1, 2, 0, 3).reshape(1, kv_heads, groups * rows, dim)
+    return attend
+
+
+def _varlen_reference(query, keys, values, seqused, scale):
+    """The flash call's arithmetic elsewhere: its variable-length layout (query [n, heads, dim], query head h on
+    K/V head h // groups; K/V [span, kv_heads, dim]) folded back for `_reference`, the block's positions derived from
+    the live count as the kernel aligns them (bottom-right)."""
+    rows, heads, dim = query.shape
+    kv_heads = keys.shape[1]
+    folded = query.view(rows, kv_heads, heads // kv_heads, dim).permute(1, 2, 0, 3).reshape(1, kv_heads, -1, dim)
+    positions = seqused[0] - rows + torch.arange(rows, device=query.device)
+    out = _reference(folded, keys.transpose(0, 1).unsqueeze(0), values.transpose(0, 1).unsqueeze(0), positions, scale)
+    return out.view(kv_heads, heads // kv_heads, rows, dim).permute(2, 0, 1, 3).reshape(rows, heads, dim)
 
 
 def _reference(folded, keys, values, positions, scale):
