@@ -18,7 +18,7 @@ argmax where `static` or `graphs` differs from `plain` is a near-tie. In float32
 
 Usage (the GPU machine; benchmarks/gpu_check.sh runs it):
     python benchmarks/captured_check.py --target qwen3-8b-random --device cuda [--dtype float32] [--context 2048] \
-        [--attention masked-sdpa|flash-length|split-k]
+        [--attention masked-sdpa|flash-length|split-k|flash+split]
     python benchmarks/captured_check.py --target qwen3-8b-random --tiny          # the code path on a CPU
 """
 
@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from evalsuite.config import CAPTURED_ATTENTIONS
 from evalsuite.target.captured import CapturedSteps
 
 K = 7
@@ -79,7 +80,7 @@ def main() -> None:
                         help="default: bfloat16 on CUDA, float32 on a CPU")
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--attention", default="masked-sdpa", choices=["masked-sdpa", "flash-length", "split-k"],
+    parser.add_argument("--attention", default="masked-sdpa", choices=list(CAPTURED_ATTENTIONS),
                         help="the static-shape forwards' attention (FusedDecoder.captured_attention)")
     parser.add_argument("--tiny", action="store_true")
     args = parser.parse_args()

@@ -39,8 +39,9 @@ from evalsuite.target.model import TargetModel
 from evalsuite.timing import DeviceClock
 
 BLOCKS = (1, 2, 4, 8)
-# `--layouts` suffixes that pick the captured path's attention (FusedDecoder.captured_attention)
+# `--layouts` suffixes that pick the captured path's attention (--captured-attention; both: flash+split), and back
 CAPTURED_ATTENTION = {"flash": "flash-length", "split": "split-k"}
+ATTENTION_SUFFIX = {"flash-length": "+flash", "split-k": "+split", "flash+split": "+flash+split"}
 
 
 def _median_seconds(device: torch.device, call, repeats: int) -> float:
@@ -191,8 +192,8 @@ def load(args, kv_cache: str = "static", compile: bool = False, weight_layout: s
         target = TargetModel.load(args.target, args.device, kv_cache=kv_cache, compile=compile,
                                   weight_layout=weight_layout, cuda_graphs=cuda_graphs)
     target.prepare_blocks(max(BLOCKS))  # as the engine does before a run with --k 7
-    if target.fused is not None:
-        target.fused.captured_attention = captured_attention  # before the graphs are recorded
+    if target.cuda_graphs == "on":
+        target.set_captured_attention(captured_attention)  # before the graphs are recorded
     target.prepare_layers([()])  # CUDA graphs: every block size and span captured before timing
     return target
 
@@ -207,8 +208,8 @@ def main() -> None:
                         help="comma-separated engines to time side by side: a --weight-layout each (auto, fused, "
                              "column-major+onednn, ...), optionally +dynamic for transformers' DynamicCache, "
                              "+graphs for the fused decoder's CUDA-graph replays (--device cuda; +graphs+flash / "
-                             "+graphs+split: their attention by flash attention over the live keys / by the split-K "
-                             "Triton kernel), +compile for its one-token decodes through torch.compile (--compile) "
+                             "+graphs+split / +graphs+flash+split: their attention by flash attention over the live keys / by the split-K "
+                             "Triton kernel / flash for decodes and split-K for verify blocks), +compile for its one-token decodes through torch.compile (--compile) "
                              "or +sdpa for the fused decoder with SDPA for verify blocks too (the CPU default attends "
                              "by GEMMs)")
     parser.add_argument("--threads", default=None,
@@ -225,12 +226,13 @@ def main() -> None:
         layout, *flags = spec.split("+")
         if not set(flags) <= known:
             raise SystemExit(f"--layouts {spec}: unknown suffix {sorted(set(flags) - known)} (known: {sorted(known)})")
-        attention = [CAPTURED_ATTENTION[f] for f in flags if f in CAPTURED_ATTENTION]
+        attention = [CAPTURED_ATTENTION[f] for f in CAPTURED_ATTENTION if f in flags]
         if attention and "graphs" not in flags:
             raise SystemExit(f"--layouts {spec}: +flash and +split are the captured path's attention (need +graphs)")
         variants[spec] = dict(weight_layout=layout or "auto", cuda_graphs="on" if "graphs" in flags else "off",
                               kv_cache="dynamic" if "dynamic" in flags else "static", compile="compile" in flags,
-                              captured_attention=attention[0] if attention else "masked-sdpa")
+                              captured_attention="flash+split" if len(attention) == 2 else
+                              attention[0] if attention else "masked-sdpa")
         block_attention[spec] = "sdpa" if "sdpa" in flags else None
     if len(thread_counts) > 1 and (args.compile or any(v.get("compile") for v in variants.values())):
         # inductor's C++ kernels fix their OpenMP thread count when they are compiled
@@ -251,8 +253,7 @@ def main() -> None:
         for threads in thread_counts:
             label = f"{target.weight_layout}{'+dynamic' if target.kv_cache == 'dynamic' else ''}" + \
                 ("+graphs" if target.cuda_graphs == "on" else "") + ("+compile" if target.compile else "") + \
-                "".join(f"+{flag}" for flag, attention in CAPTURED_ATTENTION.items()
-                        if target.fused is not None and target.fused.captured_attention == attention) + \
+                (ATTENTION_SUFFIX.get(target.captured_attention, "") if target.cuda_graphs == "on" else "") + \
                 ("+sdpa" if target.fused is not None and target.fused.block_attention == "sdpa"
                  and target.device.type == "cpu" else "") + \
                 (f"/{threads}t" if len(thread_counts) > 1 or args.threads else "")

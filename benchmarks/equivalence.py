@@ -2,6 +2,7 @@
 step counts and τ per turn.
 
     python benchmarks/equivalence.py run --out DIR            # runs the fixed set with this checkout's CLI
+    python benchmarks/equivalence.py run --out DIR -- --weight-layout fused+onednn   # options after -- added
     python benchmarks/equivalence.py digest DIR > A.json        # per (task, method, sample, turn): ids, steps, τ
     python benchmarks/equivalence.py compare A.json B.json      # exit 1 on any difference, naming it
 
@@ -26,10 +27,10 @@ RUNS = {
 COMMON = ["--method", "ar,ngram,dlite,suffix", "--max-new-tokens", "48", "--k", "7", "--seed", "0", "--threads", "1"]
 
 
-def run(out: Path) -> None:
+def run(out: Path, extra: list[str]) -> None:
     for name, args in RUNS.items():  # this checkout's code: run from its root
-        subprocess.run([sys.executable, "-m", "evalsuite.cli", "run", *COMMON, *args, "--out", str(out / name)],
-                       check=True, cwd=Path(__file__).resolve().parents[1])
+        subprocess.run([sys.executable, "-m", "evalsuite.cli", "run", *COMMON, *args, *extra, "--out",
+                        str(out / name)], check=True, cwd=Path(__file__).resolve().parents[1])
 
 
 def _rows(table_dir: Path) -> list[dict]:
@@ -65,7 +66,8 @@ def compare(a: dict, b: dict) -> list[str]:
 def main() -> None:
     command = sys.argv[1] if len(sys.argv) > 1 else ""
     if command == "run":
-        run(Path(sys.argv[sys.argv.index("--out") + 1]))
+        extra = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
+        run(Path(sys.argv[sys.argv.index("--out") + 1]).resolve(), extra)
     elif command == "digest":
         print(json.dumps(digest(Path(sys.argv[2])), indent=1, sort_keys=True))
     elif command == "compare":

@@ -16,6 +16,9 @@
 # median kept). The runs are made in a staging folder outside the tracked tree (so the runs themselves do not
 # make the tree +dirty), the report is built there with the runs under its runs/, and the whole folder then
 # replaces $OUT. Rerunning resumes unfinished runs in the staging folder (--resume).
+# Longer than one session: stop it, then `SAVE_PARTIAL=1 bash benchmarks/example_report.sh` copies the unfinished
+# runs into the tracked PARTIAL folder (benchmarks/results/example-report-partial for the default STAGE); commit it,
+# and a fresh machine's run starts from it (benchmarks/publish_report.sh); publishing the report removes it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,6 +38,10 @@ HOT_LIMIT=${HOT_LIMIT:-5}            # the T=1 block: MT-Bench at temperature 1
 RESAMPLES=${RESAMPLES:-2000}
 EVALSUITE=${EVALSUITE:-evalsuite}
 HARDWARE=${HARDWARE:-benchmarks/results/regime_cpu/profile}  # the committed CPU cost surface (other-hardware table)
+if [ "$STAGE" = results/example-report ]; then PARTIAL=${PARTIAL-benchmarks/results/example-report-partial}
+else PARTIAL=${PARTIAL:-}; fi  # the committed unfinished runs (see above)
+. benchmarks/publish_report.sh
+if [ "${SAVE_PARTIAL:-0}" = 1 ]; then save_partial "$STAGE" "$PARTIAL"; exit $?; fi
 
 if [ -z "${ALLOW_DIRTY:-}" ] && [ -n "$(git status --porcelain --untracked-files=no)" ]; then
   echo "example_report.sh: the working tree has uncommitted changes, so the runs would record a +dirty commit;" \
@@ -43,7 +50,7 @@ if [ -z "${ALLOW_DIRTY:-}" ] && [ -n "$(git status --porcelain --untracked-files
 fi
 
 RUN=($EVALSUITE run --method "$METHODS" --max-new-tokens "$NEW_TOKENS" --seed 0 --repeats "$REPEATS" --resume)
-mkdir -p "$STAGE/runs"
+seed_partial "$STAGE" "$PARTIAL"
 "${RUN[@]}" --task swebench --sample-ids "$SWE_IDS" --max-turns "$SWE_TURNS" --out "$STAGE/runs/swebench"
 "${RUN[@]}" --task bfcl-v3 --limit "$BFCL_LIMIT" --max-turns "$BFCL_TURNS" --out "$STAGE/runs/bfcl-v3"
 "${RUN[@]}" --task gsm8k --limit "$GSM8K_LIMIT" --max-new-tokens "$GSM8K_TOKENS" --out "$STAGE/runs/gsm8k"
@@ -53,6 +60,6 @@ rm -rf "$STAGE/tables" "$STAGE/figures" "$STAGE/index.html" "$STAGE/report.md"  
 $EVALSUITE report "$STAGE/runs/swebench" "$STAGE/runs/bfcl-v3" "$STAGE/runs/gsm8k" "$STAGE/runs/mt-bench" \
   "$STAGE/runs/mt-bench-T1" --out "$STAGE" --resamples "$RESAMPLES" --hardware "$HARDWARE"
 
-. benchmarks/publish_report.sh
 publish_report "$STAGE" "$OUT"  # its hand-written README is kept
+if [ -n "$PARTIAL" ]; then rm -rf "$PARTIAL"; fi  # the report holds the runs now
 echo "example report in $OUT (open $OUT/index.html); the staged copy stays in $STAGE"

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The engine on a GPU, in one short run (under 9 minutes on one H200): a Qwen3-8B-shaped target with random bf16
 # weights. First whether the CUDA-graph path (evalsuite.target.captured, `--cuda-graphs`) gives the fused decoder's
-# greedy tokens, in float32, in bfloat16 and with each attention (captured_check.py: exits non-zero if a token
-# differs by more than a near-tie); then `ar` ms/token against the memory floor (weight + KV bytes ÷ the copy
-# bandwidth measured in the same run) and verify-2/4/8 ÷ decode at 1k, 8k and 32k context for the fused decoder
-# with and without CUDA graphs, the graphs' attention masked, by flash attention over the live keys or by the
-# split-K Triton kernel (FusedDecoder.captured_attention), with a kernel profile of the last two; then each
+# greedy tokens, in float32 (split-K attention, float32's default), in bfloat16 (flash+split, its default) and with
+# the masked attention (captured_check.py: exits non-zero if a token differs by more than a near-tie); then `ar`
+# ms/token against the memory floor (weight + KV bytes ÷ the copy bandwidth measured in the same run) and
+# verify-2/4/8 ÷ decode at 1k, 8k and 32k context for the fused decoder with and without CUDA graphs, the graphs'
+# attention masked, flash+split or split-K (--captured-attention), with a kernel profile of flash+split; then each
 # drafter's draft ms (untrained drafters of the default size: cost, not quality) with a profile of its proposals;
 # the Hugging Face decoder compiled on request.
 # Each stage runs under its own time limit and a failed stage does not stop the next; the script exits non-zero
@@ -55,19 +55,17 @@ stage() {  # stage NAME SECONDS FILE COMMAND...
 'transformers', transformers.__version__)"; } | tee "$out/gpu_env.txt"
 keep "$out/gpu_env.txt"
 stage captured_fp32 90 captured_check_fp32_gpu.txt \
-  "$PY" benchmarks/captured_check.py --target qwen3-8b-random --device cuda --dtype float32 --context 2048 --tokens 64
-stage captured_bf16 70 captured_check_gpu.txt \
-  "$PY" benchmarks/captured_check.py --target qwen3-8b-random --device cuda --context 2048 --tokens 64
-stage captured_flash 70 captured_check_flash_gpu.txt \
-  "$PY" benchmarks/captured_check.py --target qwen3-8b-random --device cuda --context 2048 --tokens 64 \
-  --attention flash-length
-stage captured_split 70 captured_check_split_gpu.txt \
-  "$PY" benchmarks/captured_check.py --target qwen3-8b-random --device cuda --context 2048 --tokens 64 \
+  "$PY" benchmarks/captured_check.py --target qwen3-8b-random --device cuda --dtype float32 --context 2048 --tokens 64 \
   --attention split-k
+stage captured_bf16 70 captured_check_gpu.txt \
+  "$PY" benchmarks/captured_check.py --target qwen3-8b-random --device cuda --context 2048 --tokens 64 \
+  --attention flash+split
+stage captured_masked 70 captured_check_masked_gpu.txt \
+  "$PY" benchmarks/captured_check.py --target qwen3-8b-random --device cuda --context 2048 --tokens 64
 stage context_cost 240 context_cost_gpu.txt \
   "$PY" benchmarks/context_cost.py --target qwen3-8b-random --device cuda --contexts 1024,8192,32768 --repeats 10 \
-  --layouts fused,fused+graphs,fused+graphs+flash,fused+graphs+split
-stage decode_profile 120 decode_profile_gpu.txt "$PY" benchmarks/gpu_decode_profile.py flash-length split-k
+  --layouts fused,fused+graphs,fused+graphs+flash+split,fused+graphs+split
+stage decode_profile 120 decode_profile_gpu.txt "$PY" benchmarks/gpu_decode_profile.py flash+split
 if [ "${DRAFT_COST:-1}" = 1 ]; then
   stage draft_cost 100 draft_cost_gpu.txt \
     "$PY" benchmarks/draft_cost.py --target qwen3-8b-random --device cuda --contexts 2048,8192,32768 --steps 10 \

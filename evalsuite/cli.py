@@ -163,6 +163,10 @@ def run(
     cuda_graphs: str = typer.Option("auto", help="auto | on | off: decode and verify forwards of 1…k+1 tokens "
                                     "replayed from CUDA graphs captured before timing (auto: on CUDA with the "
                                     "fused decoder; recorded resolved)."),
+    captured_attention: str = typer.Option("auto", help="auto | masked-sdpa | flash-length | split-k | flash+split: "
+                                           "how the CUDA-graph forwards attend (auto: flash+split in half "
+                                           "precision, split-k in float32, masked-sdpa without triton; recorded "
+                                           "resolved)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Run directory (default results/<run_id>)."),
     resume: bool = typer.Option(False, help="Skip (method, sample) pairs already finished in --out."),
     replay: str = typer.Option("auto", help="auto | logged | free | closed: history for later turns (closed: "
@@ -211,7 +215,8 @@ def run(
     methods = _infer_auto_method([m.strip() for m in method.split(",") if m.strip()], drafter)
     config = RunConfig(
         methods=methods, task=task, target=target, drafters=_parse_drafters(drafter, methods), device=device,
-        dtype=dtype, weight_layout=weight_layout, kv_cache=kv_cache, compile=compile, cuda_graphs=cuda_graphs, k=k,
+        dtype=dtype, weight_layout=weight_layout, kv_cache=kv_cache, compile=compile, cuda_graphs=cuda_graphs,
+        captured_attention=captured_attention, k=k,
         temperature=temperature,
         top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, limit=limit, seed=seed, resume=resume,
         replay=replay, context_policy=context_policy, max_turns=max_turns, enable_thinking=enable_thinking,

@@ -32,6 +32,15 @@ CONTEXT_POLICIES = ("stop", "truncate-left")
 WEIGHT_LAYOUTS = ("auto", "fused", "fused+onednn", "row-major", "column-major", "column-major+onednn")
 CACHE_KINDS = ("static", "dynamic")
 CUDA_GRAPHS = ("auto", "on", "off")
+# How the CUDA-graph forwards attend over their span (evalsuite.target.captured_attention; --captured-attention auto
+# resolves to the fastest exact one that runs on the device)
+CAPTURED_ATTENTIONS = {
+    "masked-sdpa": "SDPA under a boolean mask of the live columns (any device and dtype; reads the whole span)",
+    "flash-length": "flash attention over the live keys (CUDA, float16/bfloat16)",
+    "split-k": "the split-K Triton kernel over the live keys (CUDA with triton, any dtype)",
+    "flash+split": "flash-length for one-token decodes, split-k for verify blocks (CUDA with triton, "
+                   "float16/bfloat16)",
+}
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}
 
@@ -58,6 +67,7 @@ class RunConfig:
     kv_cache: str = "static"  # the target's KV cache: static (evalsuite.target.kv_cache) | dynamic (transformers')
     compile: bool = False  # torch.compile: the fused decoder's decodes, or the HF decoder's forwards
     cuda_graphs: str = "auto"  # decode and verify forwards replayed from CUDA graphs: auto (on CUDA) | on | off
+    captured_attention: str = "auto"  # how those forwards attend: auto | CAPTURED_ATTENTIONS; resolved in run.json
     k: int = 7
     temperature: float = 0.0
     top_p: float = 1.0
@@ -151,6 +161,9 @@ class RunConfig:
             raise UserError(conflict)
         if self.cuda_graphs not in CUDA_GRAPHS:
             raise UserError(f"--cuda-graphs {self.cuda_graphs}: choose from {', '.join(CUDA_GRAPHS)}")
+        if self.captured_attention not in ("auto", *CAPTURED_ATTENTIONS):
+            raise UserError(f"--captured-attention {self.captured_attention}: choose from auto, "
+                            f"{', '.join(CAPTURED_ATTENTIONS)}")
         if self.cuda_graphs == "on" and not self.device.startswith("cuda"):
             raise UserError(f"--cuda-graphs on with --device {self.device}: CUDA graphs need --device cuda")
         if self.weight_layout == "fused" and self.kv_cache == "dynamic":
@@ -285,14 +298,17 @@ class RunConfig:
 # `evalsuite report` refuses to merge them (some only among runs of one task: report/load.py).
 DRIFT_FIELDS = ("target_sha256", "chat_template_sha256", "tokenizer_sha256", "enable_thinking", "temperature",
                 "top_p", "top_k", "k", "max_new_tokens", "seed", "task", "subset", "data_sha256", "sample_ids",
-                "max_turns", "replay", "context_policy", "dtype", "weight_layout", "kv_cache", "compile", "cuda_graphs", "threads",
+                "max_turns", "replay", "context_policy", "dtype", "weight_layout", "kv_cache", "compile", "cuda_graphs",
+                "captured_attention", "threads",
                 "engine", "repeats", "format", "context_points", "tool_format")
 # Per-method drift fields ({method: value}): compared for the methods two runs share (a resume may add methods).
 PER_METHOD_DRIFT_FIELDS = ("drafter_sha256", "method_options")
 
 
 # What a drift field meant in runs recorded before it existed
-DRIFT_DEFAULTS = {"cuda_graphs": "off"}
+# (captured_attention: every run before it that captured its forwards attended by masked SDPA; a run without
+# captured forwards records None, which compares the same)
+DRIFT_DEFAULTS = {"cuda_graphs": "off", "captured_attention": "masked-sdpa"}
 
 
 def drift_value(key: str, value) -> str:

@@ -12,8 +12,11 @@ import torch
 from typer.testing import CliRunner
 
 from evalsuite.cli import app
+from evalsuite.config import drift_value
 from evalsuite.errors import UserError
+from evalsuite.target import captured_attention
 from evalsuite.target.captured import CapturedSteps, PooledCache
+from evalsuite.target.captured_attention import attention_for_rows, resolve_captured_attention
 from evalsuite.target.model import TargetModel
 
 K = 7
@@ -34,7 +37,7 @@ def _captured(directory, attention: str = "masked-sdpa") -> TargetModel:
 # unfolded, strided K/V views, the live length from the positions)
 @pytest.fixture(scope="module", params=[("llama", "masked-sdpa"), ("qwen3", "masked-sdpa"),
                                         ("llama", "flash-length"), ("qwen3", "flash-length"),
-                                        ("llama", "split-k"), ("qwen3", "split-k")])
+                                        ("llama", "split-k"), ("qwen3", "split-k"), ("qwen3", "flash+split")])
 def pair(request, tiny_dirs):
     model, attention = request.param
     return _captured(tiny_dirs[model], attention), TargetModel.load(str(tiny_dirs[model]), weight_layout="row-major")
@@ -128,3 +131,38 @@ def test_cuda_graphs_on_a_cpu_is_a_one_line_error_and_runs_record_the_resolved_c
     assert ran.exit_code == 0, ran.output
     config = json.loads((out / "run.json").read_text())
     assert config["cuda_graphs"] == "off" and config["captured"] is None
+    assert config["captured_attention"] is None  # nothing captured, nothing chosen
+    bad = cli.invoke(app, ["run", "--method", "ar", "--task", "gsm8k", "--target", str(tiny_llama_dir),
+                           "--limit", "1", "--captured-attention", "flash", "--out", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "Traceback" not in bad.output
+    assert "--captured-attention flash: choose from auto, masked-sdpa, flash-length, split-k, flash+split" in \
+        " ".join(bad.output.split())
+
+
+def test_captured_attention_resolves_to_the_fastest_exact_one_that_runs(monkeypatch):
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.setattr(captured_attention, "_triton_available", lambda: True)
+    assert resolve_captured_attention("auto", cuda, torch.bfloat16) == "flash+split"
+    assert resolve_captured_attention("auto", cuda, torch.float16) == "flash+split"
+    assert resolve_captured_attention("auto", cuda, torch.float32) == "split-k"  # flash attention has no fp32
+    assert resolve_captured_attention("auto", cpu, torch.float32) == "masked-sdpa"
+    assert resolve_captured_attention("split-k", cuda, torch.float32) == "split-k"
+    with pytest.raises(UserError, match="flash attention needs --dtype bfloat16 or float16"):
+        resolve_captured_attention("flash+split", cuda, torch.float32)
+    monkeypatch.setattr(captured_attention, "_triton_available", lambda: False)
+    assert resolve_captured_attention("auto", cuda, torch.bfloat16) == "masked-sdpa"
+    with pytest.raises(UserError, match="the split-K kernel needs triton"):
+        resolve_captured_attention("split-k", cuda, torch.bfloat16)
+    assert resolve_captured_attention("flash-length", cuda, torch.bfloat16) == "flash-length"
+    with pytest.raises(UserError, match="choose from auto, masked-sdpa"):
+        resolve_captured_attention("flash", cpu, torch.float32)
+    # flash+split: flash attention for one-token decodes, the split-K kernel for every verify block
+    assert [attention_for_rows("flash+split", rows) for rows in (1, 2, 8)] == ["flash-length", "split-k", "split-k"]
+    assert attention_for_rows("masked-sdpa", 8) == "masked-sdpa"
+
+
+def test_runs_before_the_captured_attention_field_resume_without_drift():
+    # run.json before the field: every captured run attended by masked SDPA; runs without captured forwards
+    # record None, which compares the same; a run that changed attention is drift
+    assert drift_value("captured_attention", None) == drift_value("captured_attention", "masked-sdpa")
+    assert drift_value("captured_attention", None) != drift_value("captured_attention", "flash+split")

@@ -82,7 +82,8 @@ def test_save_refuses_while_a_run_writes_into_the_stage(tmp_path):
 
 def test_study_scripts_name_a_tracked_seed_only_for_their_default_stage(tmp_path):
     for script, seed in (("long_context_study.sh", "benchmarks/results/long-context-study-partial"),
-                         ("bfcl_closed_qwen.sh", "benchmarks/results/bfcl-closed-qwen-partial")):
+                         ("bfcl_closed_qwen.sh", "benchmarks/results/bfcl-closed-qwen-partial"),
+                         ("example_report.sh", "benchmarks/results/example-report-partial")):
         # SAVE_PARTIAL exits before anything runs: with the default stage it names the tracked seed ...
         env = {**os.environ, "SAVE_PARTIAL": "1", "STAGE": str(tmp_path / "nothing")}
         out = subprocess.run(["bash", str(ROOT / "benchmarks" / script)], env=env, capture_output=True, text=True,

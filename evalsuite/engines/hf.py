@@ -89,7 +89,7 @@ class HfEngine(Engine):
         if threads is not None:
             torch.set_num_threads(threads)
         self.target = TargetModel.load(cfg.target, cfg.device, cfg.dtype, weight_layout or cfg.weight_layout,
-                                       cfg.kv_cache, cfg.compile, cfg.cuda_graphs)
+                                       cfg.kv_cache, cfg.compile, cfg.cuda_graphs, cfg.captured_attention)
         self.packed_blocks = self.target.prepare_blocks(cfg.k + 1)  # untimed: verify blocks of up to k+1 rows
         self.chat = self.target.chat
         # the records' `worker_device`: on a CPU with its model, so turns timed on different machines stay apart
@@ -215,6 +215,7 @@ class HfEngine(Engine):
             "weight_layout_choice": target.products_choice,  # --weight-layout auto: the kernels measured, and why
             "packed_block_rows": target.fused.block_rows if target.fused is not None else 0,
             "cuda_graphs": target.cuda_graphs,  # resolved: on | off
+            "captured_attention": target.captured_attention,  # resolved; None without CUDA graphs
             "captured": target.captured.describe() if target.captured is not None else None,
             "target_name": target.name,
             "target_path": target.model_dir,

@@ -265,6 +265,7 @@ class VllmEngine(Engine):
         return {
             "dtype": self.config.dtype or "float32",
             "weight_layout": "vllm",
+            "captured_attention": None,  # vLLM's own attention backends (its logs name them)
             "target_name": self.chat.name,
             "target_path": self.chat.model_dir,
             "target_sha256": cached_weights_hash(self.chat.model_dir),

@@ -17,6 +17,10 @@ head kv·groups + g) and the K/V as views of the cache buffers, the block's own 
   device tensor (`seqused_k`); decodes take its split-K path, verify blocks one program per query head. CUDA, fp16/bf16.
 
 Elsewhere both compute the same attention in plain torch (`_reference`), which the CPU tests check them against.
+
+On an H200 (benchmarks/results/gpu_h200/live_length) both are exact; flash-length decodes fastest (1.53× the HBM
+floor at 32k, split-k 1.88×) but its verify blocks cost 2.2–4.9× a decode, while split-k's cost 1.06–1.27×. So
+"flash+split" takes each where it is fastest, and `resolve_captured_attention` makes it the CUDA default.
 """
 
 from __future__ import annotations
@@ -26,8 +30,48 @@ import os
 
 import torch
 
+from evalsuite.config import CAPTURED_ATTENTIONS
+from evalsuite.errors import UserError
+
 SPLIT = 512  # keys per program: at a 41k span 81 chunks × 8 K/V heads keep an H200's 132 multiprocessors busy
 BLOCK_N = 64  # keys per step inside a program
+
+FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def resolve_captured_attention(choice: str, device: torch.device, dtype: torch.dtype) -> str:
+    """`--captured-attention` for a target on `device` in `dtype`: "auto" becomes the fastest exact attention that
+    runs there (CUDA: flash+split in half precision, split-k in float32, masked-sdpa without triton; elsewhere
+    masked-sdpa, whose plain form the CPU runs); an explicit choice that cannot run there is a UserError."""
+    if choice not in ("auto", *CAPTURED_ATTENTIONS):
+        raise UserError(f"--captured-attention {choice}: choose from auto, {', '.join(CAPTURED_ATTENTIONS)}")
+    triton = device.type == "cuda" and _triton_available()
+    if choice == "auto":
+        if not triton:
+            return "masked-sdpa"
+        return "flash+split" if dtype in FLASH_DTYPES else "split-k"
+    if choice in ("flash-length", "flash+split") and device.type == "cuda" and dtype not in FLASH_DTYPES:
+        raise UserError(f"--captured-attention {choice}: flash attention needs --dtype bfloat16 or float16 "
+                        f"(this target is {str(dtype).removeprefix('torch.')}); use split-k or auto")
+    if choice in ("split-k", "flash+split") and device.type == "cuda" and not triton:
+        raise UserError(f"--captured-attention {choice}: the split-K kernel needs triton (pip install triton); "
+                        "use flash-length, masked-sdpa or auto")
+    return choice
+
+
+def attention_for_rows(choice: str, rows: int) -> str:
+    """The one attention a forward of `rows` query rows uses under `choice` (flash+split: by block size)."""
+    if choice == "flash+split":
+        return "flash-length" if rows == 1 else "split-k"
+    return choice
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def split_attention(folded: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
@@ -156,14 +200,15 @@ def _kernel():
         out = tl.zeros([M_PAD, DIM_PAD], tl.float32)
         total = tl.zeros([M_PAD], tl.float32)
         for part in range(PARTS_PAD):  # chunks past the context hold -inf and 0 (weight 0); past `parts`: masked
-            real = part < parts
-            weight = tl.exp(tl.load(max_ptr + head * stride_mh + part * stride_ms + offs_m, mask=real & (offs_m >= 0),
+            # the chunk's mask as a block of booleans (a scalar condition broadcast against a block is refused
+            # as a load mask by newer Triton interpreters)
+            real = (offs_m * 0 + part) < parts
+            weight = tl.exp(tl.load(max_ptr + head * stride_mh + part * stride_ms + offs_m, mask=real,
                                     other=float("-inf")) - overall)
-            total += weight * tl.load(sum_ptr + head * stride_mh + part * stride_ms + offs_m,
-                                      mask=real & (offs_m >= 0), other=0.0)
+            total += weight * tl.load(sum_ptr + head * stride_mh + part * stride_ms + offs_m, mask=real, other=0.0)
             out += weight[:, None] * tl.load(acc_ptr + head * stride_ah + part * stride_as
                                              + offs_m[:, None] * stride_am + offs_d[None, :],
-                                             mask=real & (offs_m >= 0)[:, None], other=0.0)
+                                             mask=real[:, None] & (offs_d >= 0)[None, :], other=0.0)
         out = out / tl.where(total == 0.0, 1.0, total)[:, None]
         tl.store(out_ptr + head * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=(offs_m < m_rows)[:, None] & (offs_d < DIM)[None, :])

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from evalsuite.target.captured_attention import flash_length_attention, split_attention
+from evalsuite.target.captured_attention import attention_for_rows, flash_length_attention, split_attention
 from evalsuite.timing import DeviceClock
 
 _ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
@@ -191,8 +191,8 @@ class FusedDecoder:
         self._scores = torch.empty(0, dtype=self.embed.dtype, device=self.device)  # `_block_attention`'s buffer
         # how `forward_at` (the captured path's static-shape forward) attends over its span: "masked-sdpa" (SDPA
         # under a boolean mask of the live columns; any device), or reading the live keys only (their count a
-        # device tensor): "flash-length" (flash attention; CUDA, fp16/bf16) or "split-k" (a Triton kernel split
-        # over the keys; CUDA, any dtype), both in evalsuite.target.captured_attention
+        # device tensor): "flash-length", "split-k" or "flash+split" (evalsuite.target.captured_attention's
+        # CAPTURED_ATTENTIONS; TargetModel sets the resolved `--captured-attention`)
         self.captured_attention = "masked-sdpa"
         self._compiled = None  # `compile_decode`: decodes' and verify blocks' layers through torch.compile
 
@@ -461,9 +461,10 @@ class FusedDecoder:
         x = F.embedding(ids, self.embed)
         cos = self._cos.index_select(0, positions).view(1, rows, 1, self.head_dim)
         sin = self._sin.index_select(0, positions).view(1, rows, 1, self.head_dim)
-        if self.captured_attention == "flash-length":
+        attention = attention_for_rows(self.captured_attention, rows)
+        if attention == "flash-length":
             attend = flash_length_attention(positions, rows, span, self.scaling, self.kv_heads, self.groups)
-        elif self.captured_attention == "split-k":
+        elif attention == "split-k":
             def attend(folded, keys, values):
                 return split_attention(folded, keys, values, positions, self.scaling)
         else:

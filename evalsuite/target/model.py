@@ -25,6 +25,7 @@ from evalsuite.errors import UserError
 from evalsuite.hashing import file_sha256
 from evalsuite.target import embedded
 from evalsuite.target.captured import MAX_CAPTURED_CONTEXT, CapturedSteps, PooledCache
+from evalsuite.target.captured_attention import resolve_captured_attention
 from evalsuite.target.chat import ChatTokenizer
 from evalsuite.target.decoder import COMPILED_MAX_BLOCK, FusedDecoder, onednn_available, supported
 from evalsuite.target.kv_cache import ATTENTION, DynamicKVCache, KVCache, check_supported
@@ -108,7 +109,7 @@ class TargetModel:
 
     def __init__(self, model, tokenizer, name: str, model_dir: str, device: torch.device, dtype: torch.dtype,
                  weight_layout: str = "row-major", kv_cache: str = "static", compile: bool = False,
-                 cuda_graphs: str = "auto", products: str | None = None):
+                 cuda_graphs: str = "auto", products: str | None = None, captured_attention: str = "auto"):
         self.model = model.eval()
         self.device = device
         self.dtype = dtype
@@ -156,13 +157,24 @@ class TargetModel:
         self.cuda_graphs = "on" if cuda_graphs == "on" or (
             cuda_graphs == "auto" and device.type == "cuda" and self.fused is not None) else "off"
         self.captured: CapturedSteps | None = None
+        # how the captured forwards attend (evalsuite.target.captured_attention; None without CUDA graphs)
+        self.captured_attention: str | None = None
+        if self.cuda_graphs == "on":
+            self.set_captured_attention(captured_attention)
         self.kv_cache = kv_cache  # "static": evalsuite.target.kv_cache (preallocated, GQA-folded attention); "dynamic": HF's
+
+    def set_captured_attention(self, choice: str) -> str:
+        """Resolve `--captured-attention` here and hand it to the fused decoder; the captured forwards take it
+        when their graphs are recorded (`prepare_blocks` / `prepare_layers`), so set it before those."""
+        self.captured_attention = resolve_captured_attention(choice, self.device, self.dtype)
+        self.fused.captured_attention = self.captured_attention
+        return self.captured_attention
 
     # ---- loading -----------------------------------------------------------------------------------------
     @classmethod
     def load(cls, spec: str = DEFAULT_TARGET, device: str = "cpu", dtype: str | None = None,
              weight_layout: str = "auto", kv_cache: str = "static", compile: bool = False,
-             cuda_graphs: str = "auto") -> "TargetModel":
+             cuda_graphs: str = "auto", captured_attention: str = "auto") -> "TargetModel":
         """`weight_layout`: the forward and how its Linear weights are stored and multiplied ("auto": the fused
         decoder where it supports the model, else transformers' decoder with column-major plus oneDNN block
         kernels on CPU, as loaded elsewhere; `resolve_weight_layout`, `use_column_major_linears`). `kv_cache`:
@@ -170,7 +182,8 @@ class TargetModel:
         DynamicCache and SDPA, the engine before it). `compile`: torch.compile for the fused decoder's one-token
         decodes (`FusedDecoder.compile_decode`), or for the HF decoder's decode and verify forwards where the
         fused one does not apply (on CPU "auto" then resolves to column-major, since oneDNN's opaque tensors
-        cannot be compiled)."""
+        cannot be compiled). `captured_attention`: how the CUDA-graph forwards attend over their span (auto: the
+        fastest exact one that runs there; evalsuite.target.captured_attention)."""
         dev = parse_device(device)
         if weight_layout not in WEIGHT_LAYOUTS:
             raise UserError(f"--weight-layout {weight_layout}: choose from {', '.join(WEIGHT_LAYOUTS)}")
@@ -209,7 +222,7 @@ class TargetModel:
         if layout.startswith("column-major"):
             use_column_major_linears(model, onednn_blocks=layout == "column-major+onednn")
         return cls(model, tokenizer, name, path, dev, torch_dtype, layout, kv_cache, compile, cuda_graphs,
-                   auto_products(weight_layout, layout))
+                   auto_products(weight_layout, layout), captured_attention)
 
     # ---- what the chat tokenizer knows -----------------------------------------------------------------------
     tokenizer = _from_chat("tokenizer")
