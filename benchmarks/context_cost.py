@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from evalsuite.config import WEIGHT_LAYOUTS
 from evalsuite.target.model import TargetModel
 from evalsuite.timing import DeviceClock
 
@@ -223,7 +224,10 @@ def main() -> None:
     block_attention = {}
     known = {"graphs", "dynamic", "sdpa", "compile", *CAPTURED_ATTENTION}
     for spec in args.layouts.split(","):
-        layout, *flags = spec.split("+")
+        # a weight layout may itself hold a "+" (fused+onednn, column-major+onednn): the longest one named first
+        layout = max((w for w in WEIGHT_LAYOUTS if spec == w or spec.startswith(w + "+")), key=len, default=None)
+        flags = spec[len(layout):].split("+")[1:] if layout else spec.split("+")[1:]
+        layout = layout or spec.split("+")[0]
         if not set(flags) <= known:
             raise SystemExit(f"--layouts {spec}: unknown suffix {sorted(set(flags) - known)} (known: {sorted(known)})")
         attention = [CAPTURED_ATTENTION[f] for f in CAPTURED_ATTENTION if f in flags]
