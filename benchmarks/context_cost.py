@@ -45,6 +45,16 @@ CAPTURED_ATTENTION = {"flash": "flash-length", "split": "split-k"}
 ATTENTION_SUFFIX = {"flash-length": "+flash", "split-k": "+split", "flash+split": "+flash+split"}
 
 
+def parse_layout(spec: str) -> tuple[str, list[str]]:
+    """A `--layouts` entry → (weight layout, suffixes). A weight layout may hold a "+" of its own (fused+onednn,
+    column-major+onednn), so the longest one the spec starts with is taken first; "" is auto."""
+    layout = max((w for w in WEIGHT_LAYOUTS if spec == w or spec.startswith(w + "+")), key=len, default=None)
+    if layout is None:
+        layout, *flags = spec.split("+")
+        return layout or "auto", flags
+    return layout, spec[len(layout):].split("+")[1:]
+
+
 def _median_seconds(device: torch.device, call, repeats: int) -> float:
     """The median time of `repeats` calls of `call` after one untimed call, on the project's clock."""
     clock = DeviceClock(device)
@@ -224,16 +234,13 @@ def main() -> None:
     block_attention = {}
     known = {"graphs", "dynamic", "sdpa", "compile", *CAPTURED_ATTENTION}
     for spec in args.layouts.split(","):
-        # a weight layout may itself hold a "+" (fused+onednn, column-major+onednn): the longest one named first
-        layout = max((w for w in WEIGHT_LAYOUTS if spec == w or spec.startswith(w + "+")), key=len, default=None)
-        flags = spec[len(layout):].split("+")[1:] if layout else spec.split("+")[1:]
-        layout = layout or spec.split("+")[0]
+        layout, flags = parse_layout(spec)
         if not set(flags) <= known:
             raise SystemExit(f"--layouts {spec}: unknown suffix {sorted(set(flags) - known)} (known: {sorted(known)})")
         attention = [CAPTURED_ATTENTION[f] for f in CAPTURED_ATTENTION if f in flags]
         if attention and "graphs" not in flags:
             raise SystemExit(f"--layouts {spec}: +flash and +split are the captured path's attention (need +graphs)")
-        variants[spec] = dict(weight_layout=layout or "auto", cuda_graphs="on" if "graphs" in flags else "off",
+        variants[spec] = dict(weight_layout=layout, cuda_graphs="on" if "graphs" in flags else "off",
                               kv_cache="dynamic" if "dynamic" in flags else "static", compile="compile" in flags,
                               captured_attention="flash+split" if len(attention) == 2 else
                               attention[0] if attention else "masked-sdpa")

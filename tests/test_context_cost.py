@@ -53,3 +53,12 @@ def test_gemm_rate_is_a_rate():
     context_cost = _module("context_cost")
     rate = context_cost.gemm_rate(torch.device("cpu"), size=128, repeats=1)
     assert 1e6 < rate < 1e15
+
+
+def test_a_layout_with_a_plus_of_its_own_is_read_before_the_suffixes():
+    parse_layout = _module("context_cost").parse_layout
+    assert parse_layout("fused+onednn") == ("fused+onednn", [])
+    assert parse_layout("fused+onednn+sdpa") == ("fused+onednn", ["sdpa"])
+    assert parse_layout("column-major+onednn+dynamic") == ("column-major+onednn", ["dynamic"])
+    assert parse_layout("fused+graphs+flash+split") == ("fused", ["graphs", "flash", "split"])
+    assert parse_layout("auto") == ("auto", []) and parse_layout("+graphs") == ("auto", ["graphs"])
