@@ -10,6 +10,8 @@
 # the Hugging Face decoder compiled on request.
 # Each stage runs under its own time limit and a failed stage does not stop the next; the script exits non-zero
 # when any stage failed, and stages_gpu.txt says which. STOP_AT (epoch seconds) caps them all.
+# Order: the default attention's tokens (bf16, flash+split), the cost table, the float32 and masked checks, the kernel
+# profile, the draft costs: a call cut short keeps what runs use first.
 # Usage (on the GPU machine, from the repository root): bash benchmarks/gpu_check.sh [OUT_DIR]
 # (DRAFT_COST=0 leaves out the draft-cost stage; COMPILE=1 adds the compiled Hugging Face decoder: it did not
 # finish in 110 s on 2026-12-04.)
@@ -54,17 +56,19 @@ stage() {  # stage NAME SECONDS FILE COMMAND...
   "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'transformers', transformers.__version__)"; } | tee "$out/gpu_env.txt"
 keep "$out/gpu_env.txt"
-stage captured_fp32 90 captured_check_fp32_gpu.txt \
-  "$PY" benchmarks/captured_check.py --target qwen3-8b-random --device cuda --dtype float32 --context 2048 --tokens 64 \
-  --attention split-k
+# the CUDA default first (flash+split in bf16: its tokens, then its cost beside the other attentions), so that a
+# call cut short still answers for what runs use
 stage captured_bf16 70 captured_check_gpu.txt \
   "$PY" benchmarks/captured_check.py --target qwen3-8b-random --device cuda --context 2048 --tokens 64 \
   --attention flash+split
+stage context_cost 200 context_cost_gpu.txt \
+  "$PY" benchmarks/context_cost.py --target qwen3-8b-random --device cuda --contexts 1024,8192,32768 --repeats 5 \
+  --layouts fused+graphs+flash+split,fused+graphs+split,fused+graphs,fused
+stage captured_fp32 90 captured_check_fp32_gpu.txt \
+  "$PY" benchmarks/captured_check.py --target qwen3-8b-random --device cuda --dtype float32 --context 2048 --tokens 64 \
+  --attention split-k
 stage captured_masked 70 captured_check_masked_gpu.txt \
   "$PY" benchmarks/captured_check.py --target qwen3-8b-random --device cuda --context 2048 --tokens 64
-stage context_cost 240 context_cost_gpu.txt \
-  "$PY" benchmarks/context_cost.py --target qwen3-8b-random --device cuda --contexts 1024,8192,32768 --repeats 10 \
-  --layouts fused,fused+graphs,fused+graphs+flash+split,fused+graphs+split
 stage decode_profile 120 decode_profile_gpu.txt "$PY" benchmarks/gpu_decode_profile.py flash+split
 if [ "${DRAFT_COST:-1}" = 1 ]; then
   stage draft_cost 100 draft_cost_gpu.txt \

@@ -72,6 +72,12 @@ def test_caveat_box_from_run_json_and_training_reports():
     text = "\n".join(lines)
     assert "Target: SmolLM2-135M (sha256 d99538b711f0…, float32)." in text
     assert "Hardware: cpu: x86_64, 2 threads, weights column-major+onednn." in text
+    resumed = {**config, "environment": {"device_name": "cpu: AMD EPYC, 2 threads"},
+               "resumes": [{"environment": {"device_name": "cpu: AMD EPYC, 2 threads"}},
+                           {"environment": {"device_name": "cpu: Intel Xeon, 2 threads"}}]}
+    assert ("Hardware: cpu: AMD EPYC, 2 threads, then cpu: Intel Xeon, 2 threads (resumed on another machine: each "
+            "turn is paired with `ar` on the machine that decoded it), weights column-major+onednn.") in \
+        "\n".join(verdict.caveat_box([resumed], {}, {"swebench": (5, 36)}, ["swebench"]))
     assert "Window: 8,192 tokens (context policy stop); new tokens per turn: swebench 64, gsm8k 128; K = 7" in text
     assert "timing repeats 1" in text
     assert ("Sample size and replay: swebench 5 samples (5 trajectories, 36 turns decoded per method), logged replay: "

@@ -20,7 +20,7 @@ from evalsuite.report import (breakeven, checks, decisions, effects, hardware, n
 from evalsuite.report import html as html_page
 from evalsuite.report import published as published_numbers
 from evalsuite.report.figures import write_figures
-from evalsuite.report.load import Results, display_path, load_results
+from evalsuite.report.load import Results, display_path, load_results, machines
 from evalsuite.report.closed_loop import closed_loop_section
 from evalsuite.report.formatting import Box, Cell, Table, to_latex, to_markdown
 from evalsuite.report.spans import span_section
@@ -460,13 +460,6 @@ def _titles(results: Results) -> tuple[str, str]:
                 f"Code: {', '.join(commits)}" + (" (UNCOMMITTED CHANGES: +dirty)" if any("dirty" in c for c in commits)
                                                   else "") + ".")
     return title, subtitle
-
-
-def machines(config: dict) -> list[str]:
-    """The distinct devices a run was decoded on: its first invocation's and each resume's `device_name`, in order."""
-    names = [(config.get("environment") or {}).get("device_name")]
-    names += [(r.get("environment") or {}).get("device_name") for r in config.get("resumes") or []]
-    return list(dict.fromkeys(str(n) for n in names if n))
 
 
 def _workers(turns: pd.DataFrame) -> str | None:

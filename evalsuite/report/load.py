@@ -61,6 +61,13 @@ class Results:
         return list(dict.fromkeys(r.task_label for r in self.runs))
 
 
+def machines(config: dict) -> list[str]:
+    """The distinct devices a run was decoded on: its first invocation's and each resume's `device_name`, in order."""
+    names = [(config.get("environment") or {}).get("device_name")]
+    names += [(r.get("environment") or {}).get("device_name") for r in config.get("resumes") or []]
+    return list(dict.fromkeys(str(n) for n in names if n))
+
+
 def task_label(task: str, subset: str | None, temperature: float | None = 0.0) -> str:
     """The column a run's rows go to: the task, its subset, and the temperature when it is not 0 (runs of one task
     at two temperatures are two columns, never pooled)."""

@@ -24,7 +24,7 @@ import pandas as pd
 from evalsuite.conventions import BASELINE
 from evalsuite.report import noise as timing_noise
 from evalsuite.report.decisions import format_interval
-from evalsuite.report.load import REPO_ROOT, task_label
+from evalsuite.report.load import REPO_ROOT, machines, task_label
 from evalsuite.report.effects import change_over
 
 VERDICT_COLUMNS = ["task", "label", "sentence"]
@@ -412,7 +412,10 @@ def caveat_box(configs: list[dict], cards: dict[str, dict] | None = None,
 
 def _hardware(config: dict) -> str:
     env = config.get("environment") or {}
-    text = env.get("device_name") or config.get("device") or "?"
+    decoded_on = machines(config)
+    text = ", then ".join(decoded_on) or config.get("device") or "?"
+    if len(decoded_on) > 1:  # resumed on another machine
+        text += " (resumed on another machine: each turn is paired with `ar` on the machine that decoded it)"
     if env.get("cuda"):
         text += f", CUDA {env['cuda']}" if isinstance(env["cuda"], str) else ""
     scaleout = config.get("scaleout") or {}
