@@ -147,11 +147,12 @@ def run(
     seed: int = typer.Option(0, help="Subset selection and sampling seed."),
     device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
     dtype: Optional[str] = typer.Option(None, help="float32 (default); bfloat16 or float16 on CUDA only."),
-    weight_layout: str = typer.Option("auto", help="auto | fused | fused+onednn | row-major | column-major | "
+    weight_layout: str = typer.Option("auto", help="auto | fused | fused+onednn | fused+panel | row-major | column-major | "
                                       "column-major+onednn: the target's forward and its Linear weight storage "
                                       "(auto: the fused decoder of evalsuite/target/decoder.py wherever it supports "
-                                      "the model with the static cache, its few-row products on MKL (fused) or "
-                                      "oneDNN (fused+onednn), whichever measured faster on this CPU (remembered "
+                                      "the model with the static cache, its few-row products on MKL (fused), "
+                                      "oneDNN (fused+onednn) or evalsuite's own panel kernel (fused+panel), "
+                                      "whichever measured fastest on this CPU (remembered "
                                       "per machine); else transformers' decoder, column-major+onednn on CPU and "
                                       "row-major elsewhere; recorded resolved, with the measurement)."),
     kv_cache: str = typer.Option("static", help="static | dynamic: the target's KV cache (static: preallocated, "

@@ -28,8 +28,10 @@ REPLAY_MODES = ("auto", "logged", "free", "closed")  # closed: the task's enviro
 TOOL_FORMATS = ("native", "prompt")
 CONTEXT_POLICIES = ("stop", "truncate-left")
 # "fused": evalsuite.target.decoder's forward, few-row products on MKL; "fused+onednn": the same forward, products of
-# 1 … 32 rows on oneDNN's reordered weights (`FusedDecoder.prepare_blocks`); auto measures which is faster here
-WEIGHT_LAYOUTS = ("auto", "fused", "fused+onednn", "row-major", "column-major", "column-major+onednn")
+# 1 … 32 rows on oneDNN's reordered weights; "fused+panel": the same on evalsuite's own panel kernel
+# (evalsuite.target.panel) (`FusedDecoder.prepare_blocks`); auto measures which is fastest here
+WEIGHT_LAYOUTS = ("auto", "fused", "fused+onednn", "fused+panel", "row-major", "column-major", "column-major+onednn")
+PRODUCTS_OF_LAYOUT = {"fused": "mkl", "fused+onednn": "onednn", "fused+panel": "panel"}  # the fused decoder's kernels
 CACHE_KINDS = ("static", "dynamic")
 CUDA_GRAPHS = ("auto", "on", "off")
 # How the CUDA-graph forwards attend over their span (evalsuite.target.captured_attention; --captured-attention auto
@@ -47,9 +49,9 @@ DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16
 
 def compile_conflict(weight_layout: str, cuda_graphs: str) -> str | None:
     """Why `--compile` cannot run with these settings (a one-line error), or None."""
-    if weight_layout.endswith("+onednn"):
-        return (f"--compile with --weight-layout {weight_layout}: oneDNN's opaque tensors cannot be compiled; use "
-                "--weight-layout auto, fused or column-major")
+    if weight_layout.endswith(("+onednn", "+panel")):
+        return (f"--compile with --weight-layout {weight_layout}: its prepared weights are opaque to torch.compile; "
+                "use --weight-layout auto, fused or column-major")
     if cuda_graphs == "on":
         return "--compile with --cuda-graphs on: choose one way to capture the forwards"
     return None

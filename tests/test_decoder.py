@@ -51,10 +51,11 @@ def _close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
 
 
 @pytest.mark.parametrize("packed,attention,products", [(False, "gemm", "mkl"), (True, "gemm", "mkl"),
-                                                       (True, "sdpa", "mkl"), (True, "gemm", "onednn")])
+                                                       (True, "sdpa", "mkl"), (True, "gemm", "onednn"),
+                                                       (True, "gemm", "panel")])
 def test_blocks_after_a_growing_context_match_eager(pair, packed, attention, products):
-    """Both block attentions (the CPU's GEMMs over a reused score buffer, and SDPA) and both product kernels (MKL's
-    packed GEMM with padded blocks, oneDNN's reordered weights unpadded) against eager code."""
+    """Both block attentions (the CPU's GEMMs over a reused score buffer, and SDPA) and the product kernels (MKL's
+    packed GEMM with padded blocks; oneDNN's reordered weights and evalsuite's panels, unpadded) against eager code."""
     fused, eager = pair
     assert fused.fused.prepare_blocks(K + 1 if packed else 1, products) == packed
     assert fused.fused.products == products
@@ -83,7 +84,7 @@ def test_blocks_after_a_growing_context_match_eager(pair, packed, attention, pro
     fused.fused.block_attention = "gemm"
 
 
-@pytest.mark.parametrize("products", ["mkl", "onednn"])
+@pytest.mark.parametrize("products", ["mkl", "onednn", "panel"])
 def test_greedy_decode_matches_eager_token_for_token(pair, products):
     fused, eager = pair
     fused.fused.prepare_blocks(K + 1, products)
@@ -101,7 +102,7 @@ def test_greedy_decode_matches_eager_token_for_token(pair, products):
     fused.prepare_blocks(1)
 
 
-@pytest.mark.parametrize("products", ["mkl", "onednn"])
+@pytest.mark.parametrize("products", ["mkl", "onednn", "panel"])
 def test_a_verified_block_gives_the_decodes_tokens(pair, products):
     """What speculative decoding relies on: verifying the greedy continuation as one block returns, at every
     position, the token a one-token decode would produce there."""
@@ -153,7 +154,7 @@ def test_the_head_through_the_target_runs_on_the_decoders_products_and_keeps_aut
     fused, _ = pair
     linear = fused.model.get_output_embeddings()
     hidden = torch.randn(2, 7, 64, generator=torch.Generator().manual_seed(8))
-    for products in ("mkl", "onednn"):
+    for products in ("mkl", "onednn", "panel"):
         fused.fused.prepare_blocks(K + 1, products)
         head = fused.lm_head
         assert head.weight is linear.weight
@@ -176,14 +177,14 @@ def test_measured_products_choose_the_faster_and_are_recorded(tiny_qwen2_dir, tm
     assert target.weight_layout == "fused" and target.products == "auto"
     assert target.prepare_blocks(K + 1)
     choice = target.products_choice
-    assert set(choice["candidates"]) == {"mkl", "onednn"} and choice["source"] == "measured in this run"
+    assert set(choice["candidates"]) == {"mkl", "onednn", "panel"} and choice["source"] == "measured in this run"
     assert all(set(v) == {"decode_ms", f"verify{K + 1}_ms"} for v in choice["candidates"].values())
     totals = {c: sum(v.values()) for c, v in choice["candidates"].items()}
     assert totals[choice["chosen"]] == min(totals.values())
-    assert target.weight_layout == {"mkl": "fused", "onednn": "fused+onednn"}[choice["chosen"]]
+    assert target.weight_layout == {"mkl": "fused", "onednn": "fused+onednn", "panel": "fused+panel"}[choice["chosen"]]
     assert target.fused.products == choice["chosen"]
     other = "mkl" if choice["chosen"] == "onednn" else "onednn"
-    monkeypatch.setattr(FusedDecoder, "measure_products", lambda self, rows: {
+    monkeypatch.setattr(FusedDecoder, "measure_products", lambda self, rows, candidates: {
         other: {"decode_ms": 1.0, f"verify{rows}_ms": 1.0}, choice["chosen"]: {"decode_ms": 9.0, f"verify{rows}_ms": 9.0}})
     again = TargetModel.load(str(tiny_qwen2_dir))
     again.prepare_blocks(K + 1)
@@ -191,5 +192,7 @@ def test_measured_products_choose_the_faster_and_are_recorded(tiny_qwen2_dir, tm
     assert again.products_choice["chosen"] == choice["chosen"] and again.weight_layout == target.weight_layout
     assert TargetModel.load(str(tiny_qwen2_dir), weight_layout="fused+onednn").products == "onednn"
     assert TargetModel.load(str(tiny_qwen2_dir), compile=True).products == "mkl"
-    with pytest.raises(UserError, match="--compile with --weight-layout fused\\+onednn"):
-        TargetModel.load(str(tiny_qwen2_dir), weight_layout="fused+onednn", compile=True)
+    assert TargetModel.load(str(tiny_qwen2_dir), weight_layout="fused+panel").products == "panel"
+    for layout in ("fused+onednn", "fused+panel"):
+        with pytest.raises(UserError, match=f"--compile with --weight-layout fused\\+{layout[6:]}"):
+            TargetModel.load(str(tiny_qwen2_dir), weight_layout=layout, compile=True)

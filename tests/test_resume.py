@@ -464,11 +464,11 @@ def test_auto_weight_layout_records_its_measurement_and_a_resume_keeps_the_layou
     assert run_cli(*args).exit_code == 0
     config = json.loads((out / "run.json").read_text())
     choice = config["weight_layout_choice"]
-    assert config["weight_layout"] == {"mkl": "fused", "onednn": "fused+onednn"}[choice["chosen"]]
-    assert set(choice["candidates"]) == {"mkl", "onednn"} and choice["rule"].startswith("lowest decode + verify-8")
+    assert config["weight_layout"] == {"mkl": "fused", "onednn": "fused+onednn", "panel": "fused+panel"}[choice["chosen"]]
+    assert set(choice["candidates"]) == {"mkl", "onednn", "panel"} and choice["rule"].startswith("lowest decode + verify-8")
     other = "mkl" if choice["chosen"] == "onednn" else "onednn"
     monkeypatch.setenv("EVALSUITE_CACHE", str(tmp_path / "cache2"))
-    monkeypatch.setattr(FusedDecoder, "measure_products", lambda self, rows: {
+    monkeypatch.setattr(FusedDecoder, "measure_products", lambda self, rows, candidates: {
         other: {"decode_ms": 1.0, f"verify{rows}_ms": 1.0}, choice["chosen"]: {"decode_ms": 9.0, f"verify{rows}_ms": 9.0}})
     fresh = tmp_path / "fresh"
     assert run_cli(*args[:-1], str(fresh)).exit_code == 0  # a new run here would now choose the other kernels

@@ -93,7 +93,7 @@ def test_run_json_records_the_configuration(ngram_run):
     assert config["drafters"]["ngram"]["max_ngram"] == 3
     # "auto" resolved: evalsuite.target.decoder supports the tiny Llama; its product kernels measured on this machine
     choice = config["weight_layout_choice"]
-    assert config["weight_layout"] == {"mkl": "fused", "onednn": "fused+onednn"}[choice["chosen"]]
+    assert config["weight_layout"] == {"mkl": "fused", "onednn": "fused+onednn", "panel": "fused+panel"}[choice["chosen"]]
     # MKL-packed verify blocks of up to k+1 rows, or oneDNN's unpadded ones
     assert config["packed_block_rows"] == (config["k"] + 1 if choice["chosen"] == "mkl" else 0)
 

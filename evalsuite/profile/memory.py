@@ -44,7 +44,7 @@ def weight_bytes_of(config, dtype: torch.dtype, layout: str = "row-major") -> in
     size = torch.empty(0, dtype=dtype).element_size()
     params = {id(p): p for p in model.parameters()}.values()
     total = sum(p.numel() for p in params) * size
-    if layout in ("column-major+onednn", "fused", "fused+onednn") and dtype == torch.float32:  # block copies
+    if layout in ("column-major+onednn", "fused", "fused+onednn", "fused+panel") and dtype == torch.float32:  # block copies
         total += sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)) * size
     return int(total)
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from evalsuite.target import panel
 from evalsuite.target.captured_attention import attention_for_rows, flash_length_attention, split_attention
 from evalsuite.timing import DeviceClock
 
@@ -53,8 +54,11 @@ COMPILED_MAX_BLOCK = 16  # under --compile, decodes and verify blocks of up to t
 COMPILED_GRAPH_LIMIT = 512
 
 
-PRODUCTS = ("mkl", "onednn")  # `FusedDecoder.prepare_blocks`: what multiplies the weights for few-row products
+# `FusedDecoder.prepare_blocks`: what multiplies the weights for few-row products (MKL's packed GEMM, oneDNN's
+# blocked weights, or evalsuite's own panel kernel, evalsuite.target.panel)
+PRODUCTS = ("mkl", "onednn", "panel")
 ONEDNN_MAX_ROWS = 32  # products="onednn": products of 1 … this many rows run on oneDNN's reordered weights
+UNPADDED = {"onednn": ONEDNN_MAX_ROWS, "panel": panel.MAX_ROWS}  # products of 1 … n rows on prepared weights
 
 
 @torch.library.custom_op("evalsuite::mkl_packed_linear", mutates_args=())
@@ -204,7 +208,9 @@ class FusedDecoder:
         "mkl": every weight packed by MKL for `rows`-row products; blocks of 3 … `rows` rows pad to `rows`, one-row
         products (decodes) stay on the plain `F.linear`. "onednn": every weight reordered once into oneDNN's
         blocked layout (hinted for `rows` rows), on which every product of 1 … ONEDNN_MAX_ROWS rows runs, unpadded:
-        decodes, verify blocks and drafts through the head; prefill chunks stay on `F.linear`. Which is faster
+        decodes, verify blocks and drafts through the head; prefill chunks stay on `F.linear`. "panel": the same
+        unpadded use of evalsuite's own kernel (evalsuite.target.panel; batch-invariant, so a verify row's product
+        equals a decode's bit for bit). Which is fastest
         depends on the CPU (`measure_products`): on a 2-core AMD EPYC (Zen 3) MKL's few-row GEMMs ran at a fifth
         of the cores' peak and its one-row product at 60 % of the copy bandwidth, where oneDNN's blocked weights
         were at the bandwidth for one row and 1.7× that for eight."""
@@ -218,11 +224,14 @@ class FusedDecoder:
         return True
 
     def can_prepare(self, products: str, rows: int | None = None) -> bool:
-        """Whether `products`' prepared weights exist here: fp32 on a CPU, with MKL's packing or oneDNN in torch;
-        given `rows`, also whether blocks of that many rows use them (MKL packs for MIN_PACKED_ROWS rows or more)."""
-        available = _mkl_packing_available() if products == "mkl" else onednn_available()
+        """Whether `products`' prepared weights exist here: fp32 on a CPU, with MKL's packing or oneDNN in torch, or
+        the panel kernel built; given `rows`, also whether blocks of that many rows use them (MKL packs for
+        MIN_PACKED_ROWS rows or more)."""
+        if self.device.type != "cpu" or self.embed.dtype != torch.float32:
+            return False
+        available = {"mkl": _mkl_packing_available, "onednn": onednn_available, "panel": panel.available}[products]()
         big_enough = rows is None or products != "mkl" or rows >= MIN_PACKED_ROWS
-        return self.device.type == "cpu" and self.embed.dtype == torch.float32 and available and big_enough
+        return available and big_enough
 
     def _pack(self, products: str | None, rows: int) -> None:
         for layer in self.layers:
@@ -244,6 +253,8 @@ class FusedDecoder:
     def _packer(products: str, rows: int):
         if products == "mkl":
             return lambda weight: torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+        if products == "panel":
+            return panel.pack
         return lambda weight: torch.ops.mkldnn._reorder_linear_weight(weight, rows)
 
     def measure_products(self, rows: int, candidates: tuple[str, ...] = PRODUCTS, repeats: int = 7,
@@ -270,6 +281,8 @@ class FusedDecoder:
             if candidate == "onednn":
                 pack = self._packer("onednn", rows)
                 return lambda w, b: (lambda x, p=pack(w): _onednn_linear(x, p, b))
+            if candidate == "panel":
+                return lambda w, b: (lambda x, p=panel.pack(w): panel.linear(x, p, w.shape[0], b))
             if candidate == "mkl" and n == rows and rows >= MIN_PACKED_ROWS:
                 pack = self._packer("mkl", rows)
                 return lambda w, b: (lambda x, p=pack(w): torch.ops.mkl._mkl_linear(x, p, w, b, rows))
@@ -365,9 +378,11 @@ class FusedDecoder:
     # ---- products ----------------------------------------------------------------------------------------
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, packed, bias: torch.Tensor | None = None):
         rows = x.shape[0] * x.shape[1]
-        if packed is not None and self.products == "onednn":
-            if rows <= ONEDNN_MAX_ROWS:
-                out = _onednn_linear(x.reshape(rows, x.shape[-1]), packed, bias)
+        if packed is not None and self.products in UNPADDED:
+            if rows <= UNPADDED[self.products]:
+                flat = x.reshape(rows, x.shape[-1])
+                out = _onednn_linear(flat, packed, bias) if self.products == "onednn" else \
+                    panel.linear(flat, packed, weight.shape[0], bias)
                 return out.view(x.shape[0], x.shape[1], -1)
         elif packed is not None and rows == self.block_rows:
             flat = x.reshape(rows, x.shape[-1])

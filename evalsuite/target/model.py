@@ -20,14 +20,14 @@ import torch
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from evalsuite.config import CACHE_KINDS, CUDA_GRAPHS, WEIGHT_LAYOUTS, compile_conflict
+from evalsuite.config import CACHE_KINDS, CUDA_GRAPHS, PRODUCTS_OF_LAYOUT, WEIGHT_LAYOUTS, compile_conflict
 from evalsuite.errors import UserError
 from evalsuite.hashing import file_sha256
-from evalsuite.target import embedded
+from evalsuite.target import embedded, panel
 from evalsuite.target.captured import MAX_CAPTURED_CONTEXT, CapturedSteps, PooledCache
 from evalsuite.target.captured_attention import resolve_captured_attention
 from evalsuite.target.chat import ChatTokenizer
-from evalsuite.target.decoder import COMPILED_MAX_BLOCK, FusedDecoder, onednn_available, supported
+from evalsuite.target.decoder import COMPILED_MAX_BLOCK, PRODUCTS, FusedDecoder, onednn_available, supported
 from evalsuite.target.kv_cache import ATTENTION, DynamicKVCache, KVCache, check_supported
 from evalsuite.target.remembered import cpu_model, remembered_choice
 
@@ -132,9 +132,9 @@ class TargetModel:
         # "fused…": evalsuite.target.decoder's own forward (fused weights, prepared block products); the HF modules
         # stay usable
         self.fused = FusedDecoder(model) if weight_layout.startswith("fused") else None
-        # what multiplies the fused decoder's few-row products: mkl | onednn, or auto (measured by `prepare_blocks`;
-        # oneDNN's opaque tensors cannot be compiled, so --compile keeps MKL)
-        self.products = products or ("onednn" if weight_layout == "fused+onednn" else "mkl")
+        # what multiplies the fused decoder's few-row products: mkl | onednn | panel, or auto (measured by
+        # `prepare_blocks`; oneDNN's and the panel kernel's prepared weights cannot be compiled, so --compile keeps MKL)
+        self.products = products or PRODUCTS_OF_LAYOUT.get(weight_layout, "mkl")
         if compile and self.products == "auto":
             self.products = "mkl"
         self.products_choice: dict | None = None  # the measurement behind an "auto" choice (run.json)
@@ -218,6 +218,9 @@ class TargetModel:
                                                 or not onednn_available()):
             raise UserError("--weight-layout fused+onednn: oneDNN's products run on a CPU in float32 with a torch "
                             "built with oneDNN; use --weight-layout auto")
+        if weight_layout == "fused+panel" and (dev.type != "cpu" or torch_dtype != torch.float32 or not panel.available()):
+            why = panel.reason() if dev.type == "cpu" and torch_dtype == torch.float32 else "it runs on a CPU in float32"
+            raise UserError(f"--weight-layout fused+panel: {why}; use --weight-layout auto")
         layout = resolve_weight_layout(weight_layout, dev, compile, model, kv_cache)
         if layout.startswith("column-major"):
             use_column_major_linears(model, onednn_blocks=layout == "column-major+onednn")
@@ -256,29 +259,34 @@ class TargetModel:
             self.products_choice = self.choose_products(rows)
             products = self.products_choice["chosen"] if self.products_choice else "mkl"
         used = self.fused.prepare_blocks(rows, products)
-        self.weight_layout = "fused+onednn" if used and self.fused.products == "onednn" else "fused"
+        self.weight_layout = {v: k for k, v in PRODUCTS_OF_LAYOUT.items()}[self.fused.products] if used else "fused"
         return used
 
     def choose_products(self, rows: int) -> dict | None:
-        """MKL or oneDNN for the fused decoder's products of 1 … `rows` rows, whichever gives the lower decode +
-        verify-`rows` time of the weight products measured here (`FusedDecoder.measure_products`); None where there
-        is nothing to choose (not a CPU in fp32, one of the two missing, or blocks too small to pack). Remembered
-        per machine, torch, model shape, row count and thread count (`remembered_choice`), so runs of one machine
-        use the same kernels."""
+        """MKL, oneDNN or the panel kernel for the fused decoder's products of 1 … `rows` rows, whichever gives the
+        lowest decode + verify-`rows` time of the weight products measured here (`FusedDecoder.measure_products`);
+        None where there is nothing to choose (not a CPU in fp32, or fewer than two of them usable here). The
+        choice names each kernel left out and why. Remembered per machine, torch, model shape, row count, thread
+        count and set of usable kernels (`remembered_choice`), so runs of one machine use the same kernels."""
         fused = self.fused
-        if not (fused.can_prepare("mkl", rows) and fused.can_prepare("onednn", rows)):
+        usable = [c for c in PRODUCTS if fused.can_prepare(c, rows)]
+        if len(usable) < 2:
             return None
         key = {"host": socket.gethostname(), "cpu": cpu_model(), "torch": torch.__version__, "dtype": str(self.dtype),
                "shape": [fused.hidden, fused.intermediate, len(fused.layers), fused.heads, fused.kv_heads,
-                         fused.head_dim, self.vocab_size], "rows": rows, "threads": torch.get_num_threads()}
+                         fused.head_dim, self.vocab_size], "rows": rows, "threads": torch.get_num_threads(),
+               "candidates": usable}
+        unusable = {c: (panel.reason() if c == "panel" else "unavailable in this torch") for c in PRODUCTS
+                    if c not in usable}
 
         def measure() -> dict:
             fused.prepare_blocks(0)  # no prepared copies of the weights beside the candidates' while they are timed
-            measured = fused.measure_products(rows)
+            measured = fused.measure_products(rows, tuple(usable))
             return {"candidates": measured, "chosen": min(measured, key=lambda c: sum(measured[c].values())),
                     "rule": f"lowest decode + verify-{rows} time of the weight products (four layers scaled to all "
                             f"{len(fused.layers)}, plus the head; median of 7, the candidates in turn)"}
-        return remembered_choice("products-choice", key, measure, lambda saved: saved["chosen"] in ("mkl", "onednn"))
+        choice = remembered_choice("products-choice", key, measure, lambda saved: saved["chosen"] in usable)
+        return {**choice, "unusable": unusable} if unusable else choice
 
     @contextlib.contextmanager
     def eager(self):
