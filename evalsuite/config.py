@@ -29,7 +29,7 @@ TOOL_FORMATS = ("native", "prompt")
 CONTEXT_POLICIES = ("stop", "truncate-left")
 # "fused": evalsuite.target.decoder's forward, few-row products on MKL; "fused+onednn": the same forward, products of
 # 1 … 32 rows on oneDNN's reordered weights; "fused+panel": the same on evalsuite's own panel kernel
-# (evalsuite.target.panel) (`FusedDecoder.prepare_blocks`); auto measures which is fastest here
+# (evalsuite.target.cpu_kernels) (`FusedDecoder.prepare_blocks`); auto measures which is fastest here
 WEIGHT_LAYOUTS = ("auto", "fused", "fused+onednn", "fused+panel", "row-major", "column-major", "column-major+onednn")
 PRODUCTS_OF_LAYOUT = {"fused": "mkl", "fused+onednn": "onednn", "fused+panel": "panel"}  # the fused decoder's kernels
 CACHE_KINDS = ("static", "dynamic")

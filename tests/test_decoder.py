@@ -52,13 +52,14 @@ def _close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
 
 @pytest.mark.parametrize("packed,attention,products", [(False, "gemm", "mkl"), (True, "gemm", "mkl"),
                                                        (True, "sdpa", "mkl"), (True, "gemm", "onednn"),
-                                                       (True, "gemm", "panel")])
+                                                       (True, "gemm", "panel"), (True, "kernel", "panel")])
 def test_blocks_after_a_growing_context_match_eager(pair, packed, attention, products):
     """Both block attentions (the CPU's GEMMs over a reused score buffer, and SDPA) and the product kernels (MKL's
     packed GEMM with padded blocks; oneDNN's reordered weights and evalsuite's panels, unpadded) against eager code."""
     fused, eager = pair
     assert fused.fused.prepare_blocks(K + 1 if packed else 1, products) == packed
     assert fused.fused.products == products
+    assert (fused.fused.block_attention == "kernel") == (products == "panel")  # the panels bring the attention kernel
     fused.fused.block_attention = attention
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 260, (300,), generator=generator)
@@ -196,3 +197,36 @@ def test_measured_products_choose_the_faster_and_are_recorded(tiny_qwen2_dir, tm
     for layout in ("fused+onednn", "fused+panel"):
         with pytest.raises(UserError, match=f"--compile with --weight-layout fused\\+{layout[6:]}"):
             TargetModel.load(str(tiny_qwen2_dir), weight_layout=layout, compile=True)
+
+
+def test_the_native_layer_path_matches_the_python_layers_on_the_same_kernels(pair, monkeypatch):
+    """With evalsuite's CPU kernels (panel products, kernel attention), decodes and blocks of a batch-1 forward run
+    each layer as one C++ call (`cpu_kernels.layer`); the same forward through the Python layers on the same kernels
+    gives the same logits, hidden states and greedy tokens (Llama, Qwen3's q/k norms, Qwen2's q/k/v biases)."""
+    from evalsuite.target import cpu_kernels
+    from evalsuite.target.decoder import FusedDecoder
+
+    if not cpu_kernels.available():
+        pytest.skip(f"CPU kernels unavailable: {cpu_kernels.reason()}")
+    fused, _ = pair
+    assert fused.fused.prepare_blocks(K + 1, "panel") and fused.fused.block_attention == "kernel"
+    calls = []
+    native_layer = cpu_kernels.layer
+    monkeypatch.setattr(cpu_kernels, "layer", lambda *a, **k: calls.append(1) or native_layer(*a, **k))
+    generator = torch.Generator().manual_seed(9)
+    prompt = torch.randint(3, 260, (120,), generator=generator)
+    blocks = [torch.randint(3, 260, (n,), generator=generator) for n in (1, 2, K + 1, 1, 5)]
+    outputs = {}
+    for native in (True, False):
+        if not native:
+            monkeypatch.setattr(FusedDecoder, "_native", lambda self, batch, rows: False)
+        cache = fused.new_cache()
+        fused.forward(prompt, cache, LAYERS)
+        outputs[native] = [fused.forward(block, cache, LAYERS) for block in blocks]
+        assert cache.get_seq_length() == prompt.numel() + sum(b.numel() for b in blocks)
+    assert len(calls) == len(blocks) * len(fused.fused.layers)  # the native path ran every block, and only then
+    for a, b in zip(outputs[True], outputs[False]):
+        _close(a.logits, b.logits, "native logits")
+        _close(a.hidden, b.hidden, "native hidden states")
+        assert torch.equal(a.logits.argmax(-1), b.logits.argmax(-1))
+    fused.prepare_blocks(1)

@@ -6,14 +6,17 @@ gate/up projections) added as much again; a block of 2 … 16 tokens multiplies 
 MKL's GEMM repacks the weights on every call and costs ~2× a one-row product. Here, per layer: one RMSNorm, one
 QKV product, rotary from a position table, one in-place cache write, one SDPA call (grouped-query heads folded into
 the query axis, so each K/V head is read once), one output product, one RMSNorm, one gate/up product, SiLU·up, one
-down product. Few-row products run on weights prepared once (`prepare_blocks`), by one of two kernels, whichever
-`measure_products` finds faster on the machine (`--weight-layout auto`): "mkl" pads verify blocks to a fixed row
+down product. Few-row products run on weights prepared once (`prepare_blocks`), by one of three kernels, whichever
+`measure_products` finds fastest on the machine (`--weight-layout auto`): "mkl" pads verify blocks to a fixed row
 count whose weights MKL packed (the padded rows come after the real ones, so causality keeps them from changing any
 real row, and their K/V are cropped away before the call returns) and decodes on the plain product; "onednn" runs
-every product of up to 32 rows, decodes included, on oneDNN's reordered weights, unpadded. On a 2-core Intel Xeon
-MKL's packed GEMM held an 8-row product to ~1.6× a one-row one; on a 2-core AMD EPYC (Zen 3) MKL's few-row GEMMs
-ran at a fifth of the cores' peak (8 rows 2.5× a decode) where oneDNN's ran at 1.8×, and its one-row product was
-a third faster.
+every product of up to 32 rows, decodes included, on oneDNN's reordered weights, unpadded; "panel" does the same on
+evalsuite's own kernel (evalsuite.target.cpu_kernels: 16-column panels, batch-invariant), and brings the own
+attention kernel for decodes and verify blocks with it (`block_attention` "kernel"). On a 2-core Intel Xeon MKL's
+packed GEMM held an 8-row product to ~1.6× a one-row one; on a 2-core AMD EPYC (Zen 4) MKL's few-row GEMMs ran at
+a fifth of the cores' peak (8 rows 2.5× a decode) where oneDNN's ran at 1.8×, and the panel kernel read the
+weights at the copy bandwidth for one row (11-12 ms for SmolLM2's 538 MB, against oneDNN's 24 ms) and at 1.35×
+that for eight.
 
 Attention of a verify block on the CPU in fp32 (2 … BLOCK_ATTENTION_ROWS rows): two batched GEMMs and a softmax
 in a reused score buffer (`_block_attention`), the causal mask only on the block's own columns, and no attention
@@ -39,7 +42,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from evalsuite.target import panel
+from evalsuite.target import cpu_kernels
 from evalsuite.target.captured_attention import attention_for_rows, flash_length_attention, split_attention
 from evalsuite.timing import DeviceClock
 
@@ -55,10 +58,10 @@ COMPILED_GRAPH_LIMIT = 512
 
 
 # `FusedDecoder.prepare_blocks`: what multiplies the weights for few-row products (MKL's packed GEMM, oneDNN's
-# blocked weights, or evalsuite's own panel kernel, evalsuite.target.panel)
+# blocked weights, or evalsuite's own panel kernel, evalsuite.target.cpu_kernels)
 PRODUCTS = ("mkl", "onednn", "panel")
 ONEDNN_MAX_ROWS = 32  # products="onednn": products of 1 … this many rows run on oneDNN's reordered weights
-UNPADDED = {"onednn": ONEDNN_MAX_ROWS, "panel": panel.MAX_ROWS}  # products of 1 … n rows on prepared weights
+UNPADDED = {"onednn": ONEDNN_MAX_ROWS, "panel": cpu_kernels.MAX_ROWS}  # products of 1 … n rows on prepared weights
 
 
 @torch.library.custom_op("evalsuite::mkl_packed_linear", mutates_args=())
@@ -189,8 +192,9 @@ class FusedDecoder:
         self._packed_rows = 0
         self.block_rows = 0  # products="mkl": verify blocks of MIN_PACKED_ROWS … block_rows rows pad to block_rows
         self.device = self.embed.device
-        # "gemm": CPU verify blocks attend by `_block_attention`; "sdpa": every forward by SDPA (the A/B in
-        # benchmarks/context_cost.py, layout suffix +sdpa)
+        # "gemm": CPU verify blocks attend by `_block_attention`, decodes by SDPA; "sdpa": every forward by SDPA (the
+        # A/B in benchmarks/context_cost.py, layout suffix +sdpa); "kernel": decodes and blocks by evalsuite's CPU
+        # attention kernel (evalsuite.target.cpu_kernels.attention), with the panel products (`_pack`)
         self.block_attention = "gemm" if self.device.type == "cpu" else "sdpa"
         self._scores = torch.empty(0, dtype=self.embed.dtype, device=self.device)  # `_block_attention`'s buffer
         # how `forward_at` (the captured path's static-shape forward) attends over its span: "masked-sdpa" (SDPA
@@ -209,7 +213,7 @@ class FusedDecoder:
         products (decodes) stay on the plain `F.linear`. "onednn": every weight reordered once into oneDNN's
         blocked layout (hinted for `rows` rows), on which every product of 1 … ONEDNN_MAX_ROWS rows runs, unpadded:
         decodes, verify blocks and drafts through the head; prefill chunks stay on `F.linear`. "panel": the same
-        unpadded use of evalsuite's own kernel (evalsuite.target.panel; batch-invariant, so a verify row's product
+        unpadded use of evalsuite's own kernel (evalsuite.target.cpu_kernels; batch-invariant, so a verify row's product
         equals a decode's bit for bit). Which is fastest
         depends on the CPU (`measure_products`): on a 2-core AMD EPYC (Zen 3) MKL's few-row GEMMs ran at a fifth
         of the cores' peak and its one-row product at 60 % of the copy bandwidth, where oneDNN's blocked weights
@@ -229,7 +233,7 @@ class FusedDecoder:
         MIN_PACKED_ROWS rows or more)."""
         if self.device.type != "cpu" or self.embed.dtype != torch.float32:
             return False
-        available = {"mkl": _mkl_packing_available, "onednn": onednn_available, "panel": panel.available}[products]()
+        available = {"mkl": _mkl_packing_available, "onednn": onednn_available, "panel": cpu_kernels.available}[products]()
         big_enough = rows is None or products != "mkl" or rows >= MIN_PACKED_ROWS
         return available and big_enough
 
@@ -239,6 +243,12 @@ class FusedDecoder:
         self.head_packed = None
         self.products, self._packed_rows = products or "mkl", rows
         self.block_rows = rows if products == "mkl" else 0
+        # evalsuite's own kernels come together: the panel products bring the CPU attention kernel
+        if products == "panel" and self.block_attention == "gemm" and \
+                cpu_kernels.attends(self.head_dim, self.groups):
+            self.block_attention = "kernel"
+        elif products != "panel" and self.block_attention == "kernel":
+            self.block_attention = "gemm"
         if products is None:
             return
         pack = self._packer(products, rows)
@@ -254,7 +264,7 @@ class FusedDecoder:
         if products == "mkl":
             return lambda weight: torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
         if products == "panel":
-            return panel.pack
+            return cpu_kernels.pack
         return lambda weight: torch.ops.mkldnn._reorder_linear_weight(weight, rows)
 
     def measure_products(self, rows: int, candidates: tuple[str, ...] = PRODUCTS, repeats: int = 7,
@@ -282,7 +292,7 @@ class FusedDecoder:
                 pack = self._packer("onednn", rows)
                 return lambda w, b: (lambda x, p=pack(w): _onednn_linear(x, p, b))
             if candidate == "panel":
-                return lambda w, b: (lambda x, p=panel.pack(w): panel.linear(x, p, w.shape[0], b))
+                return lambda w, b: (lambda x, p=cpu_kernels.pack(w): cpu_kernels.linear(x, p, w.shape[0], b))
             if candidate == "mkl" and n == rows and rows >= MIN_PACKED_ROWS:
                 pack = self._packer("mkl", rows)
                 return lambda w, b: (lambda x, p=pack(w): torch.ops.mkl._mkl_linear(x, p, w, b, rows))
@@ -382,7 +392,7 @@ class FusedDecoder:
             if rows <= UNPADDED[self.products]:
                 flat = x.reshape(rows, x.shape[-1])
                 out = _onednn_linear(flat, packed, bias) if self.products == "onednn" else \
-                    panel.linear(flat, packed, weight.shape[0], bias)
+                    cpu_kernels.linear(flat, packed, weight.shape[0], bias)
                 return out.view(x.shape[0], x.shape[1], -1)
         elif packed is not None and rows == self.block_rows:
             flat = x.reshape(rows, x.shape[-1])
@@ -435,7 +445,28 @@ class FusedDecoder:
             if pad:
                 cache.crop_to(start + n)
             return self._outputs(x, hidden, n, logits, last_only)
-        if rows == 1:
+        if self._native(batch, rows) and all(layer.is_initialized for layer in cache.layers):
+            cache.reserve(end)  # each layer is one call of evalsuite's CPU kernels, writing into the K/V buffers
+            buffers = [layer.buffers() for layer in cache.layers]
+            shape = (self.heads, self.kv_heads, self.intermediate)
+            cos, sin = cos.view(rows, self.head_dim), sin.view(rows, self.head_dim)
+
+            def step(index, layer, x):
+                keys, values = buffers[index]
+                weights = {**layer.packed, "norm1": layer.norm1, "norm2": layer.norm2, "qkv_bias": layer.qkv_bias,
+                           "q_norm": layer.q_norm, "k_norm": layer.k_norm}
+                return cpu_kernels.layer(x.view(rows, self.hidden), weights, keys, values, start, cos, sin, shape,
+                                         self.eps, self.scaling).view(1, rows, self.hidden)
+            x, hidden = self._layers(x, None, cos, sin, None, batch, rows, layer_ids, step)
+            for layer in cache.layers:
+                layer.advance(rows)
+            if pad:
+                cache.crop_to(start + n)
+            return self._outputs(x, hidden, n, logits, last_only)
+        if self.block_attention == "kernel" and cpu_kernels.attends(self.head_dim, self.groups * rows):
+            def attend(folded, keys, values):
+                return cpu_kernels.attention(folded, keys, values, rows, self.scaling)
+        elif rows == 1:
             attend = self._sdpa(None)
         elif self.block_attention == "gemm" and rows <= BLOCK_ATTENTION_ROWS and x.dtype == torch.float32:
             # within the block, row i sees its columns 0 … i (every row sees all the cached columns before it)
@@ -534,16 +565,24 @@ class FusedDecoder:
         """Rotary rows for positions [0, end), in the model dtype (before a capture: `forward_at` only gathers)."""
         self._positions(end, self.embed[:1])
 
-    def _layers(self, x, writers, cos, sin, attend, batch: int, rows: int, layer_ids: tuple[int, ...]):
+    def _native(self, batch: int, rows: int) -> bool:
+        """Whether a forward of `rows` tokens runs each layer as one call of evalsuite's CPU kernels
+        (`cpu_kernels.layer`): the panel products and the kernel attention in use, batch 1, a block they take."""
+        return (self.block_attention == "kernel" and self.products == "panel" and batch == 1
+                and rows <= cpu_kernels.MAX_ROWS and cpu_kernels.attends(self.head_dim, self.groups * rows)
+                and self.layers[0].packed is not None)
+
+    def _layers(self, x, writers, cos, sin, attend, batch: int, rows: int, layer_ids: tuple[int, ...], step=None):
         """Every decoder layer and the final norm; `writers[i](k, v)` stores layer i's new K/V and returns the K/V
-        to attend over, `attend(folded, keys, values)` is the forward's attention. Returns (x, hidden [batch, rows,
-        len(layer_ids), H] or None)."""
+        to attend over, `attend(folded, keys, values)` is the forward's attention (or `step(i, layer, x)` runs layer
+        i whole). Returns (x, hidden [batch, rows, len(layer_ids), H] or None)."""
         wanted = {j + 1: None for j in layer_ids}
         if 0 in wanted:
             wanted[0] = x
         last_layer = len(self.layers)
-        for index, (layer, write) in enumerate(zip(self.layers, writers)):
-            x = self._layer(x, layer, write, cos, sin, attend, batch, rows)
+        for index, layer in enumerate(self.layers):
+            x = step(index, layer, x) if step is not None else \
+                self._layer(x, layer, writers[index], cos, sin, attend, batch, rows)
             if index + 1 in wanted and index + 1 != last_layer:
                 wanted[index + 1] = x
         x = F.rms_norm(x, (self.hidden,), self.final_norm, self.eps)

@@ -23,7 +23,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Genera
 from evalsuite.config import CACHE_KINDS, CUDA_GRAPHS, PRODUCTS_OF_LAYOUT, WEIGHT_LAYOUTS, compile_conflict
 from evalsuite.errors import UserError
 from evalsuite.hashing import file_sha256
-from evalsuite.target import embedded, panel
+from evalsuite.target import cpu_kernels, embedded
 from evalsuite.target.captured import MAX_CAPTURED_CONTEXT, CapturedSteps, PooledCache
 from evalsuite.target.captured_attention import resolve_captured_attention
 from evalsuite.target.chat import ChatTokenizer
@@ -218,8 +218,8 @@ class TargetModel:
                                                 or not onednn_available()):
             raise UserError("--weight-layout fused+onednn: oneDNN's products run on a CPU in float32 with a torch "
                             "built with oneDNN; use --weight-layout auto")
-        if weight_layout == "fused+panel" and (dev.type != "cpu" or torch_dtype != torch.float32 or not panel.available()):
-            why = panel.reason() if dev.type == "cpu" and torch_dtype == torch.float32 else "it runs on a CPU in float32"
+        if weight_layout == "fused+panel" and (dev.type != "cpu" or torch_dtype != torch.float32 or not cpu_kernels.available()):
+            why = cpu_kernels.reason() if dev.type == "cpu" and torch_dtype == torch.float32 else "it runs on a CPU in float32"
             raise UserError(f"--weight-layout fused+panel: {why}; use --weight-layout auto")
         layout = resolve_weight_layout(weight_layout, dev, compile, model, kv_cache)
         if layout.startswith("column-major"):
@@ -276,7 +276,7 @@ class TargetModel:
                "shape": [fused.hidden, fused.intermediate, len(fused.layers), fused.heads, fused.kv_heads,
                          fused.head_dim, self.vocab_size], "rows": rows, "threads": torch.get_num_threads(),
                "candidates": usable}
-        unusable = {c: (panel.reason() if c == "panel" else "unavailable in this torch") for c in PRODUCTS
+        unusable = {c: (cpu_kernels.reason() if c == "panel" else "unavailable in this torch") for c in PRODUCTS
                     if c not in usable}
 
         def measure() -> dict:

@@ -1,0 +1,457 @@
+"""evalsuite's own CPU kernels (fp32), built once per machine: few-row products on weights stored in 16-column
+panels, and the attention of decodes and verify blocks over the static KV cache.
+
+Products. Why: a decode multiplies one row, and a verify block 2 … k+1 rows, by every weight of the target, so both should
+cost one read of the weights. The kernels torch ships do not get there on every CPU: on the 2-core AMD EPYC of
+the development VM MKL's one-row product ran at a third of the copy bandwidth and its 8-row one at a fifth of the
+cores' peak, and oneDNN's blocked weights at half the bandwidth for one row (benchmarks/results/
+block_products_cpu.txt). Here each weight is repacked once into panels of 16 output columns, [N/16, K, 16]
+(zero-padded), so one panel streams from memory in order; a register block of up to 8 rows × 2-4 panels keeps its
+sums in vector registers while the panel is read once for all its rows, and the panels are split over the torch
+threads (`at::parallel_for`).
+
+Batch-invariant by construction: every output element is one chain of fused multiply-adds over k in order, the
+same whatever the row count or the row's place in the block, so a verify block's row gives bit for bit the
+product a one-token decode gives for the same input (tests/test_cpu_kernels.py). The plain GCC vector type is lowered to
+whatever the machine has (AVX-512, AVX2, NEON) by -march=native.
+
+Attention (`attention`): a decode's or verify block's folded query rows (query heads per K/V head × rows, the
+decoder's GQA folding) against the K/V cache, causal within the block. The keys are split into chunks over the
+threads (each chunk keeps the online-softmax state of every row, merged at the end, as flash-decoding does) and
+the rows are the vector lanes, so each key and value is read once for all rows and a dot product needs no
+horizontal sum; the exponential is a vectorised polynomial (relative error ~1e-7). On the development VM it took
+0.5-0.6× the time of SDPA's CPU kernel for a decode and 0.5-0.7× for an 8-token block at 512-8k tokens
+(SmolLM2's and Qwen2.5-0.5B's head shapes). Not batch-invariant across row counts (the softmax of a block row
+and of a decode sum in the same order, but their dot products differ in lane order only in the last bits).
+
+Built with torch's C++ extension loader (ninja and a C++ compiler) into evalsuite's cache, under a name that
+includes the CPU model and the source's hash, so that a cache shared between machines never loads a binary built
+for another CPU; the build (~30 s on 2 cores) happens at most once per machine, in the target's untimed set-up.
+Where it cannot be built, `available()` is False and `reason()` says why (the run then picks among the others)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import shutil
+
+import torch
+
+from evalsuite.target.remembered import cache_root, cpu_model
+
+MAX_ROWS = 32  # products of 1 … this many rows run on the panels (longer prefill chunks stay on F.linear)
+
+_SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+constexpr int64_t L = 16;  // output columns per panel
+constexpr int64_t MB = 8;  // rows per register block
+
+torch::Tensor pack(torch::Tensor w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32 && w.device().is_cpu(),
+              "panel pack: a 2-D float32 CPU weight");
+  auto W = w.contiguous();
+  const int64_t N = W.size(0), K = W.size(1), panels = (N + L - 1) / L;
+  auto P = torch::zeros({panels, K, L}, W.options());
+  const float* src = W.data_ptr<float>();
+  float* dst = P.data_ptr<float>();
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t c = 0; c < L && p * L + c < N; ++c)
+        for (int64_t k = 0; k < K; ++k) dst[(p * K + k) * L + c] = src[(p * L + c) * K + k];
+  });
+  return P;
+}
+
+// rows x[0..M) (stride ldx) times NP consecutive panels p (each K x L): y[m, n0 + j*L + c]
+template <int M, int NP>
+static inline void block(const float* x, int64_t ldx, const float* p, int64_t K, float* y, int64_t ldy,
+                         int64_t n0, int64_t N) {
+  v16 acc[M][NP];
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < NP; ++j) acc[m][j] = (v16){};
+  for (int64_t k = 0; k < K; ++k) {
+    v16 w[NP];
+    for (int j = 0; j < NP; ++j) w[j] = *(const v16*)(p + (j * K + k) * L);
+    for (int m = 0; m < M; ++m) {
+      const float xv = x[m * ldx + k];
+      for (int j = 0; j < NP; ++j) acc[m][j] += xv * w[j];
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < NP; ++j) {
+      const int64_t n = n0 + j * L;
+      const int64_t cols = std::min<int64_t>(L, N - n);
+      for (int64_t c = 0; c < cols; ++c) y[m * ldy + n + c] = acc[m][j][c];
+    }
+}
+
+template <int NP>
+static void rows_block(int64_t m, const float* x, int64_t ldx, const float* p, int64_t K, float* y, int64_t ldy,
+                       int64_t n0, int64_t N) {
+  switch (m) {
+    case 1: block<1, NP>(x, ldx, p, K, y, ldy, n0, N); break;
+    case 2: block<2, NP>(x, ldx, p, K, y, ldy, n0, N); break;
+    case 3: block<3, NP>(x, ldx, p, K, y, ldy, n0, N); break;
+    case 4: block<4, NP>(x, ldx, p, K, y, ldy, n0, N); break;
+    case 5: block<5, NP>(x, ldx, p, K, y, ldy, n0, N); break;
+    case 6: block<6, NP>(x, ldx, p, K, y, ldy, n0, N); break;
+    case 7: block<7, NP>(x, ldx, p, K, y, ldy, n0, N); break;
+    default: block<8, NP>(x, ldx, p, K, y, ldy, n0, N); break;
+  }
+}
+
+torch::Tensor linear(torch::Tensor x, torch::Tensor P, int64_t N) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && P.dim() == 3 && x.size(-1) == P.size(1),
+              "panel linear: float32 rows of the packed weight's width");
+  auto X = x.contiguous();
+  const int64_t K = P.size(1), panels = P.size(0), M = X.numel() / K;
+  auto Y = torch::empty({M, N}, X.options());
+  const float* xp = X.data_ptr<float>();
+  const float* pp = P.data_ptr<float>();
+  float* yp = Y.data_ptr<float>();
+  const int64_t group = M <= 2 ? 4 : 2;  // panels per register block: more independent sums for 1-2 rows
+  const int64_t groups = (panels + group - 1) / group;
+  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t panel = g * group, np = std::min<int64_t>(group, panels - panel);
+      const float* pa = pp + panel * K * L;
+      for (int64_t m0 = 0; m0 < M; m0 += MB) {
+        const int64_t m = std::min<int64_t>(MB, M - m0);
+        if (np == 4) rows_block<4>(m, xp + m0 * K, K, pa, K, yp + m0 * N, N, panel * L, N);
+        else if (np == 2) rows_block<2>(m, xp + m0 * K, K, pa, K, yp + m0 * N, N, panel * L, N);
+        else for (int64_t j = 0; j < np; ++j)
+          rows_block<1>(m, xp + m0 * K, K, pa + j * K * L, K, yp + m0 * N, N, (panel + j) * L, N);
+      }
+    }
+  });
+  return Y;
+}
+typedef int32_t vi16 __attribute__((vector_size(64), aligned(4)));
+
+static inline v16 vexp(v16 x) {  // e^x for x <= 0 (rel. error ~1e-7); lanes below -87 give ~e^-87
+  x = x < -87.0f ? (v16){} - 87.0f : x;
+  const vi16 n = __builtin_convertvector(x * 1.44269504088896341f, vi16);  // toward zero: r in (-ln2, ln2)
+  const v16 nf = __builtin_convertvector(n, v16);
+  const v16 r = (x - nf * 0.693359375f) - nf * -2.12194440e-4f;
+  v16 p = r * (1.0f / 362880.0f) + (1.0f / 40320.0f);
+  p = p * r + (1.0f / 5040.0f);
+  p = p * r + (1.0f / 720.0f);
+  p = p * r + (1.0f / 120.0f);
+  p = p * r + (1.0f / 24.0f);
+  p = p * r + (1.0f / 6.0f);
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const vi16 bits = (n + 127) << 23;
+  v16 scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+
+// One (batch, kv head, key chunk): the softmax state (max m, sum l, unnormalised output acc) of all R folded query
+// rows over keys [t0, t1), online over tiles of 16 keys. Vectorised over the rows (lanes of RV vectors: R <= 16 RV),
+// so each key is read once for every row and no dot product needs a horizontal sum; the scores of KS keys at a time
+// stay in registers (KS * RV accumulators), with q transposed once.
+template <int DV, int RV>
+static void attend_chunk(const float* q, int64_t R, const float* k, const float* v, int64_t ldkv, int64_t t0,
+                              int64_t t1, int64_t T, int64_t rows, float scale, float* m, float* l, float* acc) {
+  constexpr int64_t D = DV * 16, KS = RV >= 8 ? 2 : 16 / RV, W = RV * 16;
+  alignas(64) float qt[D][W];  // q transposed and scaled; lanes past R are zero
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t r = 0; r < W; ++r) qt[d][r] = r < R ? q[r * D + d] * scale : 0.f;
+  v16 lastv[RV], mv[RV], lv[RV];
+  for (int rv = 0; rv < RV; ++rv)
+    for (int i = 0; i < 16; ++i) {
+      const int64_t r = rv * 16 + i;
+      lastv[rv][i] = r < R ? (float)(T - rows + (r % rows)) : -1.f;  // lanes past R see no key
+      mv[rv][i] = -INFINITY;
+      lv[rv][i] = 0.f;
+    }
+  std::fill(acc, acc + R * D, 0.f);
+  alignas(64) float p[16][W];
+  alignas(64) float alpha_s[W];
+  for (int64_t t = t0; t < t1; t += 16) {
+    const int64_t tn = std::min<int64_t>(16, t1 - t);
+    v16 S[16][RV];
+    for (int64_t j0 = 0; j0 < 16; j0 += KS) {
+      v16 s[KS][RV];
+      for (int j = 0; j < KS; ++j) for (int rv = 0; rv < RV; ++rv) s[j][rv] = (v16){};
+      const float* kp[KS];
+      for (int j = 0; j < KS; ++j) kp[j] = k + (t + std::min<int64_t>(j0 + j, tn - 1)) * ldkv;
+      for (int64_t d = 0; d < D; ++d) {
+        v16 qd[RV];
+        for (int rv = 0; rv < RV; ++rv) qd[rv] = *(const v16*)(&qt[d][rv * 16]);
+        for (int j = 0; j < KS; ++j) {
+          const float kd = kp[j][d];
+          for (int rv = 0; rv < RV; ++rv) s[j][rv] += qd[rv] * kd;
+        }
+      }
+      for (int j = 0; j < KS; ++j) {
+        const float key = (float)(t + j0 + j);
+        for (int rv = 0; rv < RV; ++rv)
+          S[j0 + j][rv] = (j0 + j < tn) & (key <= lastv[rv]) ? s[j][rv] : (v16){} - INFINITY;
+      }
+    }
+    for (int rv = 0; rv < RV; ++rv) {
+      v16 mt = S[0][rv];
+      for (int j = 1; j < 16; ++j) mt = S[j][rv] > mt ? S[j][rv] : mt;
+      const v16 mnew = mt > mv[rv] ? mt : mv[rv];
+      const v16 live = mnew > -INFINITY ? mnew : (v16){};  // rows with no visible key yet: everything 0
+      const v16 alpha = mv[rv] == -INFINITY ? (v16){} : vexp(mv[rv] - live);
+      v16 sum = (v16){};
+      for (int j = 0; j < 16; ++j) {
+        v16 pj = vexp(S[j][rv] - live);
+        pj = S[j][rv] == -INFINITY ? (v16){} : pj;
+        sum += pj;
+        *(v16*)(&p[j][rv * 16]) = pj;
+      }
+      lv[rv] = lv[rv] * alpha + sum;
+      mv[rv] = mnew;
+      *(v16*)(&alpha_s[rv * 16]) = alpha;
+    }
+    for (int64_t r = 0; r < R; ++r) {
+      float* ar = acc + r * D;
+      const float a = alpha_s[r];
+      v16 o[DV];
+      for (int d = 0; d < DV; ++d) o[d] = *(v16*)(ar + d * 16) * a;
+      for (int64_t j = 0; j < tn; ++j) {
+        const float pj = p[j][r];
+        const float* vj = v + (t + j) * ldkv;
+        for (int d = 0; d < DV; ++d) o[d] += pj * *(const v16*)(vj + d * 16);
+      }
+      for (int d = 0; d < DV; ++d) *(v16*)(ar + d * 16) = o[d];
+    }
+  }
+  for (int rv = 0; rv < RV; ++rv)
+    for (int i = 0; i < 16 && rv * 16 + i < R; ++i) { m[rv * 16 + i] = mv[rv][i]; l[rv * 16 + i] = lv[rv][i]; }
+}
+
+// folded queries q [B, H, R, D] (R = groups * rows, row g*rows + i at position T - rows + i), keys and values
+// [B, H, T, D] (any stride over B and H, rows of D contiguous): softmax(q k^T * scale) v, causal within the block.
+constexpr int64_t MAX_FOLDED_ROWS = 128;
+torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t rows, double scale) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.scalar_type() == torch::kFloat32 &&
+              k.scalar_type() == torch::kFloat32 && v.scalar_type() == torch::kFloat32, "attention: fp32 [B,H,*,D]");
+  auto Q = q.contiguous();
+  const int64_t B = Q.size(0), H = Q.size(1), R = Q.size(2), D = Q.size(3), T = k.size(2);
+  TORCH_CHECK(R <= MAX_FOLDED_ROWS && (D == 16 || D == 32 || D == 64 || D == 128) && k.stride(3) == 1 && v.stride(3) == 1 && k.stride(2) == D &&
+              v.stride(2) == D && k.stride(1) == v.stride(1) && k.stride(0) == v.stride(0),
+              "attention: head_dim 16, 32, 64 or 128, at most 128 folded rows, K/V rows contiguous with the same strides");
+  auto out = torch::empty_like(Q);
+  const int64_t chunk = std::max<int64_t>(256, ((T + 7) / 8 + 15) / 16 * 16);
+  const int64_t chunks = (T + chunk - 1) / chunk, items = B * H * chunks;
+  auto state = torch::empty({items, R, 2 + D}, Q.options());
+  const float* qp = Q.data_ptr<float>(); const float* kp = k.data_ptr<float>(); const float* vp = v.data_ptr<float>();
+  float* sp = state.data_ptr<float>();
+  const int64_t sb = k.stride(0), sh = k.stride(1);
+  at::parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t it = i0; it < i1; ++it) {
+      const int64_t bh = it / chunks, c = it % chunks, b = bh / H, h = bh % H;
+      float* st = sp + it * R * (2 + D);
+      const float* qh = qp + bh * R * D;
+      const float* kh = kp + b * sb + h * sh;
+      const float* vh = vp + b * sb + h * sh;
+      const int64_t t0 = c * chunk, t1 = std::min(T, t0 + chunk);
+      float* m = st; float* l = st + R; float* acc = st + 2 * R;
+#define EVALSUITE_ATTEND(DV) \
+      if (R <= 16) attend_chunk<DV, 1>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
+      else if (R <= 32) attend_chunk<DV, 2>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
+      else if (R <= 64) attend_chunk<DV, 4>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
+      else attend_chunk<DV, 8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc);
+      if (D == 64) { EVALSUITE_ATTEND(4) } else if (D == 128) { EVALSUITE_ATTEND(8) } else if (D == 32) { EVALSUITE_ATTEND(2) } else { EVALSUITE_ATTEND(1) }
+#undef EVALSUITE_ATTEND
+    }
+  });
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, B * H, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t bh = b0; bh < b1; ++bh)
+      for (int64_t r = 0; r < R; ++r) {
+        float mmax = -INFINITY;
+        for (int64_t c = 0; c < chunks; ++c) mmax = std::max(mmax, sp[(bh * chunks + c) * R * (2 + D) + r]);
+        float total = 0.f;
+        float* o = op + (bh * R + r) * D;
+        std::fill(o, o + D, 0.f);
+        for (int64_t c = 0; c < chunks; ++c) {
+          const float* st = sp + (bh * chunks + c) * R * (2 + D);
+          if (st[r] == -INFINITY) continue;
+          const float w = std::exp(st[r] - mmax);
+          total += st[R + r] * w;
+          const float* acc = st + 2 * R + r * D;
+          for (int64_t d = 0; d < D; ++d) o[d] += acc[d] * w;
+        }
+        for (int64_t d = 0; d < D; ++d) o[d] /= total;
+      }
+  });
+  return out;
+}
+
+// ---- a whole decoder layer for a decode or verify block (batch 1), one call from Python -------------------------
+static void rms_rows(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    float s = 0.f;
+    for (int64_t i = 0; i < n; ++i) s += xr[i] * xr[i];
+    const float inv = 1.f / std::sqrt(s / (float)n + eps);
+    for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * inv * w[i];
+  }
+}
+
+static void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) {  // silu(gate) * up
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = gate_up + r * 2 * inter;
+    const float* u = g + inter;
+    float* o = out + r * inter;
+    int64_t i = 0;
+    for (; i + 16 <= inter; i += 16) {
+      const v16 x = *(const v16*)(g + i);
+      const v16 neg = x < 0.f ? x : -x;  // -|x|
+      const v16 e = vexp(neg);
+      const v16 sig = x < 0.f ? e / (1.f + e) : 1.f / (1.f + e);
+      *(v16*)(o + i) = x * sig * *(const v16*)(u + i);
+    }
+    for (; i < inter; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+  }
+}
+
+// x [rows, H] → the layer's output [rows, H]; K/V of the rows written at positions start … start+rows-1 of the
+// whole cache buffers [1, kv_heads, capacity, D]; cos/sin [rows, D] (sin with rotate_half's sign folded in)
+torch::Tensor layer(torch::Tensor x, torch::Tensor norm1, torch::Tensor qkv_p, c10::optional<torch::Tensor> qkv_bias,
+                    c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm, torch::Tensor o_p,
+                    torch::Tensor norm2, torch::Tensor gate_up_p, torch::Tensor down_p, torch::Tensor k_buf,
+                    torch::Tensor v_buf, int64_t start, torch::Tensor cos, torch::Tensor sin, int64_t heads,
+                    int64_t kv_heads, int64_t intermediate, double eps, double scale) {
+  const int64_t rows = x.size(0), H = x.size(1), D = k_buf.size(3), groups = heads / kv_heads;
+  const int64_t qw = heads * D, kw = kv_heads * D, end = start + rows;
+  TORCH_CHECK(x.is_contiguous() && k_buf.size(0) == 1 && k_buf.is_contiguous() && v_buf.is_contiguous() &&
+              k_buf.size(2) >= end && cos.is_contiguous() && sin.is_contiguous(), "layer: shapes");
+  auto h = torch::empty_like(x);
+  rms_rows(x.data_ptr<float>(), norm1.data_ptr<float>(), h.data_ptr<float>(), rows, H, (float)eps);
+  auto qkv = linear(h, qkv_p, qw + 2 * kw);
+  if (qkv_bias) qkv.add_(*qkv_bias);
+  float* qp = qkv.data_ptr<float>();
+  if (q_norm) {  // Qwen3: RMSNorm over each head of q and k
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = qp + r * (qw + 2 * kw);
+      rms_rows(row, q_norm->data_ptr<float>(), row, heads, D, (float)eps);
+      rms_rows(row + qw, k_norm->data_ptr<float>(), row + qw, kv_heads, D, (float)eps);
+    }
+  }
+  auto folded = torch::empty({1, kv_heads, groups * rows, D}, x.options());
+  float* fp = folded.data_ptr<float>();
+  float* kb = k_buf.data_ptr<float>();
+  float* vb = v_buf.data_ptr<float>();
+  const int64_t cap = k_buf.size(2), half = D / 2;
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = qp + r * (qw + 2 * kw);
+    const float* c = cp + r * D;
+    const float* s = sp + r * D;
+    for (int64_t hd = 0; hd < heads + kv_heads; ++hd) {  // rotary: t·cos + swap_halves(t)·sin
+      const float* t = row + hd * D;
+      float* dst = hd < heads
+          ? fp + ((hd / groups) * groups * rows + (hd % groups) * rows + r) * D    // folded row g·rows + r
+          : kb + ((hd - heads) * cap + start + r) * D;
+      for (int64_t d = 0; d < D; ++d) dst[d] = t[d] * c[d] + t[d < half ? d + half : d - half] * s[d];
+    }
+    for (int64_t kv = 0; kv < kv_heads; ++kv)
+      std::memcpy(vb + (kv * cap + start + r) * D, row + qw + kw + kv * D, D * sizeof(float));
+  }
+  auto attended = attention(folded, k_buf.narrow(2, 0, end), v_buf.narrow(2, 0, end), rows, scale);
+  auto merged = torch::empty({rows, qw}, x.options());  // back to [rows, heads·D]
+  const float* ap = attended.data_ptr<float>();
+  float* mp = merged.data_ptr<float>();
+  for (int64_t hd = 0; hd < heads; ++hd)
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(mp + r * qw + hd * D, ap + ((hd / groups) * groups * rows + (hd % groups) * rows + r) * D,
+                  D * sizeof(float));
+  auto out = x + linear(merged, o_p, H);
+  rms_rows(out.data_ptr<float>(), norm2.data_ptr<float>(), h.data_ptr<float>(), rows, H, (float)eps);
+  auto gate_up = linear(h, gate_up_p, 2 * intermediate);
+  auto act = torch::empty({rows, intermediate}, x.options());
+  silu_mul(gate_up.data_ptr<float>(), act.data_ptr<float>(), rows, intermediate);
+  return out.add_(linear(act, down_p, H));
+}
+"""
+
+
+@functools.cache
+def _build():
+    """The compiled module, or the one-line reason it cannot be built here."""
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        return "no C++ compiler (c++/g++) on PATH"
+    try:
+        from torch.utils.cpp_extension import load_inline, verify_ninja_availability
+        verify_ninja_availability()
+    except (ImportError, RuntimeError) as err:
+        return f"torch's C++ extension loader is unusable ({str(err).splitlines()[0]}; pip install ninja)"
+    tag = hashlib.sha256((cpu_model() + torch.__version__ + _SOURCE).encode()).hexdigest()[:12]
+    directory = cache_root() / "kernels" / f"cpu-{tag}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        return load_inline(f"evalsuite_cpu_{tag}", _SOURCE, functions=["pack", "linear", "attention", "layer"],
+                           extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                           build_directory=str(directory), verbose=False)
+    except Exception as err:  # a compiler or linker error: the kernel is unavailable here, and the reason recorded
+        lines = [line for line in str(err).splitlines() if line.strip()]
+        return f"evalsuite's CPU kernels did not build ({lines[0] if lines else type(err).__name__})"
+
+
+def available() -> bool:
+    """Whether the kernel runs here (built now, or loaded from the cache; a CPU torch with a compiler)."""
+    return not isinstance(_build(), str)
+
+
+def reason() -> str | None:
+    """Why the kernel is unavailable, or None."""
+    module = _build()
+    return module if isinstance(module, str) else None
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` [N, K] (fp32, CPU) as panels [ceil(N/16), K, 16]; `linear` needs N back."""
+    return _build().pack(weight)
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None):
+    """x [..., K] @ weightᵀ (+ bias) on the panels: [..., out_features]."""
+    y = _build().linear(x, packed, out_features).view(*x.shape[:-1], out_features)
+    return y if bias is None else y.add_(bias)
+
+
+MAX_FOLDED_ROWS = 128  # `attention`: query heads per K/V head × block rows
+HEAD_DIMS = (16, 32, 64, 128)
+
+
+def attends(head_dim: int, folded_rows: int) -> bool:
+    """Whether `attention` takes this shape (fp32 on a CPU is the caller's to check)."""
+    return head_dim in HEAD_DIMS and folded_rows <= MAX_FOLDED_ROWS
+
+
+def attention(folded: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: int, scale: float):
+    """softmax(folded · keysᵀ · scale) · values for folded queries [B, kv_heads, groups·rows, D] (row g·rows + i at
+    position T − rows + i, seeing keys 0 … T − rows + i) over keys/values [B, kv_heads, T, D] (views of the cache's
+    buffers: rows of D contiguous)."""
+    return _build().attention(folded, keys, values, rows, scale)
+
+
+def layer(x: torch.Tensor, weights: dict, keys: torch.Tensor, values: torch.Tensor, start: int, cos: torch.Tensor,
+          sin: torch.Tensor, shape: tuple[int, int, int], eps: float, scale: float) -> torch.Tensor:
+    """One decoder layer for a block x [rows, hidden] (batch 1) in one call: RMSNorm, the QKV product on the
+    panels (+ bias), Qwen3's q/k norms where `weights` has them, rotary (cos, sin [rows, head_dim], sin with
+    rotate_half's sign folded in), the block's K/V written into the whole cache buffers `keys`/`values`
+    ([1, kv_heads, capacity, head_dim]) at `start` …, `attention` over the first start + rows positions, the output
+    product and residual, RMSNorm, gate/up, SiLU·up, down and residual: the math of `FusedDecoder._layer`, without
+    Python's dispatch of its ~130 small ops. `shape` = (heads, kv_heads, intermediate)."""
+    heads, kv_heads, intermediate = shape
+    return _build().layer(x, weights["norm1"], weights["qkv"], weights.get("qkv_bias"), weights.get("q_norm"),
+                          weights.get("k_norm"), weights["o"], weights["norm2"], weights["gate_up"], weights["down"],
+                          keys, values, start, cos, sin, heads, kv_heads, intermediate, eps, scale)
