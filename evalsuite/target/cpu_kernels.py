@@ -133,13 +133,16 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor P, int64_t N) {
   return Y;
 }
 typedef int32_t vi16 __attribute__((vector_size(64), aligned(4)));
+typedef float v8 __attribute__((vector_size(32), aligned(4)));
+typedef int32_t vi8 __attribute__((vector_size(32), aligned(4)));
 
-static inline v16 vexp(v16 x) {  // e^x for x <= 0 (rel. error ~1e-7); lanes below -87 give ~e^-87
-  x = x < -87.0f ? (v16){} - 87.0f : x;
-  const vi16 n = __builtin_convertvector(x * 1.44269504088896341f, vi16);  // toward zero: r in (-ln2, ln2)
-  const v16 nf = __builtin_convertvector(n, v16);
-  const v16 r = (x - nf * 0.693359375f) - nf * -2.12194440e-4f;
-  v16 p = r * (1.0f / 362880.0f) + (1.0f / 40320.0f);
+template <typename V, typename VI>
+static inline V vexp(V x) {  // e^x for x <= 0 (rel. error ~1e-7); lanes below -87 give ~e^-87
+  x = x < -87.0f ? V{} - 87.0f : x;
+  const VI n = __builtin_convertvector(x * 1.44269504088896341f, VI);  // toward zero: r in (-ln2, ln2)
+  const V nf = __builtin_convertvector(n, V);
+  const V r = (x - nf * 0.693359375f) - nf * -2.12194440e-4f;
+  V p = r * (1.0f / 362880.0f) + (1.0f / 40320.0f);
   p = p * r + (1.0f / 5040.0f);
   p = p * r + (1.0f / 720.0f);
   p = p * r + (1.0f / 120.0f);
@@ -148,8 +151,8 @@ static inline v16 vexp(v16 x) {  // e^x for x <= 0 (rel. error ~1e-7); lanes bel
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  const vi16 bits = (n + 127) << 23;
-  v16 scale;
+  const VI bits = (n + 127) << 23;
+  V scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   return p * scale;
 }
@@ -158,18 +161,19 @@ static inline v16 vexp(v16 x) {  // e^x for x <= 0 (rel. error ~1e-7); lanes bel
 // One (batch, kv head, key chunk): the softmax state (max m, sum l, unnormalised output acc) of all R folded query
 // rows over keys [t0, t1), online over tiles of 16 keys. Vectorised over the rows (lanes of RV vectors: R <= 16 RV),
 // so each key is read once for every row and no dot product needs a horizontal sum; the scores of KS keys at a time
-// stay in registers (KS * RV accumulators), with q transposed once.
-template <int DV, int RV>
+// stay in registers (KS * RV accumulators), with q transposed once. V: the lane vector (8 lanes for up to 8 rows:
+// two 256-bit FMAs per cycle where a 512-bit one is split in two, as on AMD Zen 4).
+template <int DV, int RV, typename V, typename VI>
 static void attend_chunk(const float* q, int64_t R, const float* k, const float* v, int64_t ldkv, int64_t t0,
                               int64_t t1, int64_t T, int64_t rows, float scale, float* m, float* l, float* acc) {
-  constexpr int64_t D = DV * 16, KS = RV >= 8 ? 2 : 16 / RV, W = RV * 16;
+  constexpr int64_t D = DV * 16, LN = sizeof(V) / sizeof(float), KS = RV >= 8 ? 2 : 16 / RV, W = RV * LN;
   alignas(64) float qt[D][W];  // q transposed and scaled; lanes past R are zero
   for (int64_t d = 0; d < D; ++d)
     for (int64_t r = 0; r < W; ++r) qt[d][r] = r < R ? q[r * D + d] * scale : 0.f;
-  v16 lastv[RV], mv[RV], lv[RV];
+  V lastv[RV], mv[RV], lv[RV];
   for (int rv = 0; rv < RV; ++rv)
-    for (int i = 0; i < 16; ++i) {
-      const int64_t r = rv * 16 + i;
+    for (int i = 0; i < LN; ++i) {
+      const int64_t r = rv * LN + i;
       lastv[rv][i] = r < R ? (float)(T - rows + (r % rows)) : -1.f;  // lanes past R see no key
       mv[rv][i] = -INFINITY;
       lv[rv][i] = 0.f;
@@ -179,15 +183,15 @@ static void attend_chunk(const float* q, int64_t R, const float* k, const float*
   alignas(64) float alpha_s[W];
   for (int64_t t = t0; t < t1; t += 16) {
     const int64_t tn = std::min<int64_t>(16, t1 - t);
-    v16 S[16][RV];
+    V S[16][RV];
     for (int64_t j0 = 0; j0 < 16; j0 += KS) {
-      v16 s[KS][RV];
-      for (int j = 0; j < KS; ++j) for (int rv = 0; rv < RV; ++rv) s[j][rv] = (v16){};
+      V s[KS][RV];
+      for (int j = 0; j < KS; ++j) for (int rv = 0; rv < RV; ++rv) s[j][rv] = V{};
       const float* kp[KS];
       for (int j = 0; j < KS; ++j) kp[j] = k + (t + std::min<int64_t>(j0 + j, tn - 1)) * ldkv;
       for (int64_t d = 0; d < D; ++d) {
-        v16 qd[RV];
-        for (int rv = 0; rv < RV; ++rv) qd[rv] = *(const v16*)(&qt[d][rv * 16]);
+        V qd[RV];
+        for (int rv = 0; rv < RV; ++rv) qd[rv] = *(const V*)(&qt[d][rv * LN]);
         for (int j = 0; j < KS; ++j) {
           const float kd = kp[j][d];
           for (int rv = 0; rv < RV; ++rv) s[j][rv] += qd[rv] * kd;
@@ -196,25 +200,25 @@ static void attend_chunk(const float* q, int64_t R, const float* k, const float*
       for (int j = 0; j < KS; ++j) {
         const float key = (float)(t + j0 + j);
         for (int rv = 0; rv < RV; ++rv)
-          S[j0 + j][rv] = (j0 + j < tn) & (key <= lastv[rv]) ? s[j][rv] : (v16){} - INFINITY;
+          S[j0 + j][rv] = (j0 + j < tn) & (key <= lastv[rv]) ? s[j][rv] : V{} - INFINITY;
       }
     }
     for (int rv = 0; rv < RV; ++rv) {
-      v16 mt = S[0][rv];
+      V mt = S[0][rv];
       for (int j = 1; j < 16; ++j) mt = S[j][rv] > mt ? S[j][rv] : mt;
-      const v16 mnew = mt > mv[rv] ? mt : mv[rv];
-      const v16 live = mnew > -INFINITY ? mnew : (v16){};  // rows with no visible key yet: everything 0
-      const v16 alpha = mv[rv] == -INFINITY ? (v16){} : vexp(mv[rv] - live);
-      v16 sum = (v16){};
+      const V mnew = mt > mv[rv] ? mt : mv[rv];
+      const V live = mnew > -INFINITY ? mnew : V{};  // rows with no visible key yet: everything 0
+      const V alpha = mv[rv] == -INFINITY ? V{} : vexp<V, VI>(mv[rv] - live);
+      V sum = V{};
       for (int j = 0; j < 16; ++j) {
-        v16 pj = vexp(S[j][rv] - live);
-        pj = S[j][rv] == -INFINITY ? (v16){} : pj;
+        V pj = vexp<V, VI>(S[j][rv] - live);
+        pj = S[j][rv] == -INFINITY ? V{} : pj;
         sum += pj;
-        *(v16*)(&p[j][rv * 16]) = pj;
+        *(V*)(&p[j][rv * LN]) = pj;
       }
       lv[rv] = lv[rv] * alpha + sum;
       mv[rv] = mnew;
-      *(v16*)(&alpha_s[rv * 16]) = alpha;
+      *(V*)(&alpha_s[rv * LN]) = alpha;
     }
     for (int64_t r = 0; r < R; ++r) {
       float* ar = acc + r * D;
@@ -230,7 +234,7 @@ static void attend_chunk(const float* q, int64_t R, const float* k, const float*
     }
   }
   for (int rv = 0; rv < RV; ++rv)
-    for (int i = 0; i < 16 && rv * 16 + i < R; ++i) { m[rv * 16 + i] = mv[rv][i]; l[rv * 16 + i] = lv[rv][i]; }
+    for (int i = 0; i < LN && rv * LN + i < R; ++i) { m[rv * LN + i] = mv[rv][i]; l[rv * LN + i] = lv[rv][i]; }
 }
 
 // folded queries q [B, H, R, D] (R = groups * rows, row g*rows + i at position T - rows + i), keys and values
@@ -261,10 +265,11 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64
       const int64_t t0 = c * chunk, t1 = std::min(T, t0 + chunk);
       float* m = st; float* l = st + R; float* acc = st + 2 * R;
 #define EVALSUITE_ATTEND(DV) \
-      if (R <= 16) attend_chunk<DV, 1>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
-      else if (R <= 32) attend_chunk<DV, 2>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
-      else if (R <= 64) attend_chunk<DV, 4>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
-      else attend_chunk<DV, 8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc);
+      if (R <= 8) attend_chunk<DV, 1, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
+      else if (R <= 16) attend_chunk<DV, 1, v16, vi16>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
+      else if (R <= 32) attend_chunk<DV, 2, v16, vi16>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
+      else if (R <= 64) attend_chunk<DV, 4, v16, vi16>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
+      else attend_chunk<DV, 8, v16, vi16>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc);
       if (D == 64) { EVALSUITE_ATTEND(4) } else if (D == 128) { EVALSUITE_ATTEND(8) } else if (D == 32) { EVALSUITE_ATTEND(2) } else { EVALSUITE_ATTEND(1) }
 #undef EVALSUITE_ATTEND
     }
@@ -313,7 +318,7 @@ static void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t int
     for (; i + 16 <= inter; i += 16) {
       const v16 x = *(const v16*)(g + i);
       const v16 neg = x < 0.f ? x : -x;  // -|x|
-      const v16 e = vexp(neg);
+      const v16 e = vexp<v16, vi16>(neg);
       const v16 sig = x < 0.f ? e / (1.f + e) : 1.f / (1.f + e);
       *(v16*)(o + i) = x * sig * *(const v16*)(u + i);
     }
