@@ -6,8 +6,9 @@ excluded; ÷ floor = ms ÷ (weight bytes + KV bytes at that context) / copy band
 ÷ read the same over the read bandwidth (a sum over a large tensor), the stricter floor):
 - `ours ar` / `ours ngram`: evalsuite's engine (`HfEngine`, the default fused decoder), a plain decode and our
   n-gram prompt lookup (k=7), plus `ours verify-8`: one 8-token verify forward, and `ours weight products`: the
-  one-row products of a decode over the same weights and nothing else (what the rest of our forward costs is
-  `ours ar` minus this row; what torch's GEMV kernel costs against llama.cpp's is this row against its f32);
+  one-row products of a decode over the same weights, on the kernels our decode uses (MKL, oneDNN or evalsuite's
+  panels, as `--weight-layout auto` chose), and nothing else (what the rest of our forward costs is `ours ar`
+  minus this row; what our product kernel costs against llama.cpp's is this row against its f32);
 - `ours --compile ar` / `ngram` / `verify-8` (peer `ours-compile`): the same engine with `--compile`, its one-token
   decodes through torch.compile (compiled in the warm-up);
 - `hf-generate`: transformers' `generate` with its static cache (`cache_implementation="static"`), eager, fp32;
@@ -122,8 +123,8 @@ def read_bandwidth(device: torch.device, megabytes: int = 256, repeats: int = 5)
 # ---- ours ---------------------------------------------------------------------------------------------------------
 class Ours:
     """evalsuite's engine: `ar` and `ngram` decodes, one 8-token verify forward, and the weight products of one
-    decode alone (the floor of a decode made of torch's one-row products: what the rest of the forward adds is
-    the difference between that row and `ours ar`)."""
+    decode alone, on the kernels the engine's decode uses (`FusedDecoder._linear` with its prepared weights: what
+    the rest of the forward adds is the difference between that row and `ours ar`)."""
 
     def __init__(self, args, contexts: dict[int, list[int]], compile: bool = False):
         from evalsuite.config import RunConfig
@@ -137,12 +138,16 @@ class Ours:
         self.contexts = contexts
         self.current = self.warmed = None
         target = self.engine.target
-        if target.fused is None:
-            self.weights = [m.weight for m in target.model.modules() if isinstance(m, torch.nn.Linear)]
+        fused = target.fused
+        if fused is None:
+            self.weights = [(m.weight, None) for m in target.model.modules() if isinstance(m, torch.nn.Linear)]
         else:
-            self.weights = [w for layer in target.fused.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-            self.weights.append(target.fused.head)
-        self.rows = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device) for w in self.weights}
+            self.weights = [(getattr(layer, name), (layer.packed or {}).get(name)) for layer in fused.layers
+                            for name in ("qkv", "o", "gate_up", "down")]
+            self.weights.append((fused.head, fused.head_packed))
+        self.product = (lambda x, w, packed: F.linear(x, w)) if fused is None else \
+            (lambda x, w, packed: fused._linear(x.view(1, 1, -1), w, packed))
+        self.rows = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device) for w, _ in self.weights}
         self.timers = [Timer(f"{label} {m}", "fp32", self._warm, self._decoder(m, info), info)
                        for m, info in (("ar", {}), ("ngram", {}))]
         self.timers += [Timer(f"{label} verify-8", "fp32", self._warm, self._verify)]
@@ -197,8 +202,8 @@ class Ours:
     def _products(self, length: int) -> float:
         def products():
             with torch.inference_mode():
-                for w in self.weights:
-                    F.linear(self.rows[w.shape[1]], w)
+                for w, packed in self.weights:
+                    self.product(self.rows[w.shape[1]], w, packed)
         return 1e3 * median_time(products, 5)
 
     def close(self) -> None:
