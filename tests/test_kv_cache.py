@@ -188,7 +188,8 @@ def test_compiled_decode_and_verify_match_eager(tiny_llama_dir):
 
 
 def test_compile_with_onednn_blocks_is_a_one_line_error(tiny_llama_dir):
-    with pytest.raises(UserError, match=r"--compile with --weight-layout column-major\+onednn: oneDNN's opaque"):
+    with pytest.raises(UserError,
+                       match=r"--compile with --weight-layout column-major\+onednn: its prepared weights are opaque"):
         TargetModel.load(str(tiny_llama_dir), weight_layout="column-major+onednn", compile=True)
 
 
