@@ -21,8 +21,9 @@ threads (each chunk keeps the online-softmax state of every row, merged at the e
 the rows are the vector lanes, so each key and value is read once for all rows and a dot product needs no
 horizontal sum; the exponential is a vectorised polynomial (relative error ~1e-7). On the development VM it took
 0.5-0.6× the time of SDPA's CPU kernel for a decode and 0.5-0.7× for an 8-token block at 512-8k tokens
-(SmolLM2's and Qwen2.5-0.5B's head shapes). Not batch-invariant across row counts (the softmax of a block row
-and of a decode sum in the same order, but their dot products differ in lane order only in the last bits).
+(SmolLM2's and Qwen2.5-0.5B's head shapes). Not batch-invariant as the products are: the key chunks follow the
+context length, so a block's row and a decode at the same position can merge their partial softmax sums in another
+order (the last bits of a logit).
 
 Built with torch's C++ extension loader (ninja and a C++ compiler) into evalsuite's cache, under a name that
 includes the CPU model and the source's hash, so that a cache shared between machines never loads a binary built
