@@ -62,5 +62,5 @@ def test_decoding_is_lossless_in_the_other_layouts_too(tiny_qwen3_dir, prompt, l
 
 
 def test_an_unknown_layout_is_a_one_line_error(tiny_llama_dir):
-    with pytest.raises(UserError, match="--weight-layout diagonal: choose from auto, fused, fused\\+onednn, row-major, column-major"):
+    with pytest.raises(UserError, match="--weight-layout diagonal: choose from auto, fused, fused\\+onednn, fused\\+panel, row-major, column-major, column-major\\+onednn"):
         TargetModel.load(str(tiny_llama_dir), weight_layout="diagonal")
