@@ -5,7 +5,8 @@ threads 25x slower (thread oversubscription), while τ is unaffected. So every r
 - before it starts: how many cores other processes keep busy (`/proc/stat` over half a second, while we are idle),
   and the kernel's CPU pressure (`/proc/pressure/cpu`, "some avg10": % of time runnable tasks waited for a CPU);
 - during each decode: the cores other processes used (all CPU time in `/proc/stat` minus our own, from
-  `resource.getrusage`, over the decode's wall time).
+  `resource.getrusage`, over the decode's wall time); unknown (None) for a decode too short for /proc/stat's
+  clock ticks to tell (`shortest_window_s`, 80 ms on 2 cores).
 `--threads auto` uses the cores the others leave free. A decode is *contended* when other processes kept at least
 `CONTENDED_CORES` cores busy on average while it ran; run.json, turns.parquet, the CLI and the report say so.
 Where /proc is missing (not Linux), the load average stands in before the run and per-decode figures are None.
@@ -62,8 +63,18 @@ def cpu_pressure() -> float | None:
     return None
 
 
+def shortest_window_s(n_cores: int | None = None) -> float:
+    """The shortest wall interval over which `Meter` can tell contention: /proc/stat counts each CPU's time in
+    whole clock ticks (1/SC_CLK_TCK s, 10 ms on Linux), so over a window of w seconds its busy time is off by up to
+    one tick per CPU while our own CPU time (getrusage) is exact. That error, n_cores ticks ÷ w, must stay below half
+    of CONTENDED_CORES: 80 ms on 2 cores. A 1-token reply (EOS at once) decodes in well under a millisecond, where
+    one tick alone reads as several cores busy."""
+    return 2 * (n_cores or cores()) / _TICKS / CONTENDED_CORES
+
+
 class Meter:
-    """Cores other processes kept busy between `start()` and `stop()` (our own CPU time subtracted)."""
+    """Cores other processes kept busy between `start()` and `stop()` (our own CPU time subtracted); None where
+    that cannot be told: no /proc/stat, or a window shorter than `shortest_window_s()`."""
 
     def start(self) -> None:
         self._busy = _cpu_busy_seconds()
@@ -73,7 +84,7 @@ class Meter:
     def stop(self) -> float | None:
         end = _cpu_busy_seconds()
         wall = time.perf_counter() - self._wall
-        if end is None or self._busy is None or wall <= 0:
+        if end is None or self._busy is None or wall < shortest_window_s():
             return None
         others = (end[0] - self._busy[0]) - (_own_cpu_seconds() - self._own)
         return max(others / wall, 0.0)

@@ -24,7 +24,9 @@ CONTEXT = "context_len = the target's KV length when a step starts; a turn's con
 
 CONTENDED_CORES = 0.5  # a decode is *contended* when other processes kept at least this many cores busy on average
 CONTENDED = (f"contended = other processes kept >= {CONTENDED_CORES:g} cores busy on average while the decode ran "
-             "(all CPU time in /proc/stat minus this process's own): its timings are not an idle machine's")
+             "(all CPU time in /proc/stat minus this process's own): its timings are not an idle machine's; "
+             "cpu_others is NaN (unknown, not contended) where the decode was too short for /proc/stat's 10 ms "
+             "ticks to tell (under 80 ms on 2 cores)")
 
 # A degenerate turn: the target repeats its context or loops, so a model-free drafter copies it for free and the
 # turn's speed says little about drafting. `evalsuite.degenerate` flags it with these thresholds.

@@ -50,7 +50,8 @@ def test_a_run_beside_a_cpu_hog_records_the_contention_and_says_so(cpu_hog, tiny
     assert snap.other_cores_busy >= 0.5 and snap.contended and snap.free_cores <= contention.cores() - 1 or \
         contention.cores() == 1
     out = tmp_path / "busy"
-    result = cli.invoke(app, run_args(tiny_llama_dir, out))
+    # decodes long enough for /proc/stat's clock ticks to tell (contention.shortest_window_s: 80 ms on 2 cores)
+    result = cli.invoke(app, run_args(tiny_llama_dir, out, "--max-new-tokens", "400"))
     assert result.exit_code == 0, result.output
     lines = [line for line in result.output.splitlines() if line.startswith("warning: other processes keep")]
     assert len(lines) == 1 and "not comparable" in lines[0]
@@ -69,6 +70,36 @@ def test_an_idle_measurement_is_not_contended():
                                sample_s=0.5)
     assert busy.contended and busy.free_cores == 1 and contention.resolve_threads("auto", busy) == 1
     assert contention.resolve_threads(2, busy) == 2
+
+
+def test_a_decode_too_short_for_the_clock_ticks_is_unknown_not_contended(monkeypatch):
+    """/proc/stat counts whole clock ticks (10 ms): over a 2 ms decode (a reply that is EOS at once) one tick of our
+    own time read as 4 cores of others'. Such a window is unknown (None: NaN in the records, not contended); over a
+    long window the same arithmetic measures."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(contention, "cores", lambda: 2)
+    assert contention.shortest_window_s() == pytest.approx(2 * 2 / contention._TICKS / 0.5)
+    clock = {"wall": 0.0, "busy": 100.0, "own": 1.0}
+    monkeypatch.setattr(contention, "time", SimpleNamespace(perf_counter=lambda: clock["wall"], sleep=time.sleep))
+    monkeypatch.setattr(contention, "_cpu_busy_seconds", lambda: (clock["busy"], 1000.0))
+    monkeypatch.setattr(contention, "_own_cpu_seconds", lambda: clock["own"])
+
+    def window(wall: float, busy: float, own: float):
+        meter = contention.Meter()
+        meter.start()
+        clock["wall"] += wall
+        clock["busy"] += busy
+        clock["own"] += own
+        return meter.stop()
+
+    # 2 ms, one tick on the busy counter, 2 ms of our own time: (0.010 - 0.002) / 0.002 = 4 "cores": unknown
+    assert window(0.002, 0.010, 0.002) is None
+    # just under the shortest window, still unknown; 2 s with others at 0.6 cores: measured, and contended
+    assert window(contention.shortest_window_s() * 0.99, 0.05, 0.04) is None
+    assert window(2.0, 2.0 + 1.2, 2.0) == pytest.approx(0.6)
+    # 2 s with only our own time: idle
+    assert window(2.0, 4.0, 4.0) == pytest.approx(0.0)
 
 
 def test_the_printed_resume_command_run_as_printed_continues_the_run(tiny_llama_dir, tmp_path):
