@@ -20,6 +20,11 @@ Medians over the timed steps. CUDA timings use events after a device sync. Usage
     python benchmarks/draft_cost.py --target qwen3-8b-random --device cuda   # bf16, 2k/8k/32k/64k
     python benchmarks/draft_cost.py --target qwen3-8b-random --tiny          # the same code path, tiny shapes
 
+`--shipped` measures the drafters shipped for the target (as runs load them) instead of random-init ones;
+`--draft-products panel,torch` measures each learned drafter twice in the same run: as runs build it (its own
+products on the target's panels, where the target chose them: `evalsuite.methods.base.build_method`) and on
+torch's products (e.g. `--target qwen2.5-coder-0.5b --shipped --draft-products panel,torch`).
+
 `--methods` takes names or method labels `name:key=value[:key=value…]` (as `evalsuite run --method` reads them,
 evalsuite.catalog), e.g. `eagle3:format=specforge:draft_vocab_size=32000`, `dflash:layout=block7` or
 `eagle3:window=2048`.
@@ -38,7 +43,7 @@ import torch
 
 from evalsuite.catalog import METHODS, method_spec
 from evalsuite.errors import UserError
-from evalsuite.methods.base import Method, Sampling, get_method
+from evalsuite.methods.base import Method, Sampling, build_method, get_method
 from evalsuite.profile.shapes import SHAPES, real_text_ids, shape_config
 from evalsuite.profile.shapes import random_target as profile_random_target
 from evalsuite.target.model import TargetModel
@@ -83,19 +88,41 @@ def load_target(args) -> TargetModel:
         if args.dtype else (torch.bfloat16 if args.device.startswith("cuda") else torch.float32)
     if args.target in RANDOM_TARGETS:
         shape = "tiny" if args.tiny else RANDOM_TARGETS[args.target]
-        return random_target(shape, args.target + ("-tiny" if args.tiny else ""), args.device, dtype)
-    if args.tiny:
+        target = random_target(shape, args.target + ("-tiny" if args.tiny else ""), args.device, dtype,
+                               weight_layout=args.weight_layout or "row-major")
+    elif args.tiny:
         raise UserError("--tiny applies to the random targets (e.g. --target qwen3-8b-random --tiny)")
-    return TargetModel.load(args.target, args.device, args.dtype)
+    else:
+        target = TargetModel.load(args.target, args.device, args.dtype, weight_layout=args.weight_layout or "auto")
+    target.prepare_blocks(args.k + 1)  # as the engine does (and where the product kernels are chosen)
+    return target
 
 
-def parse_method(spec: str) -> tuple[str, str, dict]:
+def parse_method(spec: str, shipped: bool = False) -> tuple[str, str, dict]:
     """`name` or a label `name:key=value[:key=value…]` (evalsuite.catalog) → (label, method name, options)."""
     variant = method_spec(spec)
     options = variant.parse_options({})
-    if variant.needs_checkpoint:
+    if variant.needs_checkpoint and not shipped:
         options["drafter"] = "random"  # untrained default-size drafters, even where trained ones ship
     return spec, variant.method, options
+
+
+def build_drafters(target: TargetModel, specs: list[str], products: list[str], shipped: bool) -> dict:
+    """label → method, once per draft-products choice: "panel" as the engine builds it (`build_method`: the
+    drafter's own products on the target's panels where the target uses them), "torch" by the factory alone."""
+    drafters = {}
+    for label, name, options in (parse_method(spec, shipped) for spec in specs):
+        for choice in products:
+            method = build_method(name, target, options) if choice == "panel" else \
+                get_method(name).factory(target, options)
+            if choice == "panel" and len(products) > 1 and method.model is not None \
+                    and method.draft_products != "panel":
+                raise UserError(f"--draft-products panel: the target does not run on the panels here "
+                                f"({target.weight_layout}); use --weight-layout fused+panel on a CPU in float32")
+            if method.model is None and choice != products[0]:
+                continue  # a model-free method has no products of its own: measured once
+            drafters[label if len(products) == 1 or method.model is None else f"{label} [{choice}]"] = method
+    return drafters
 
 
 def default_methods(args) -> list[str]:
@@ -222,6 +249,13 @@ def main(argv: list[str] | None = None) -> list[Row]:
     parser.add_argument("--chunk", type=int, default=4096, help="target prefill chunk")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
+    parser.add_argument("--weight-layout", default=None,
+                        help="the target's, as `evalsuite run --weight-layout` (default: auto; a random target's: row-major)")
+    parser.add_argument("--shipped", action="store_true",
+                        help="the drafters shipped for the target (as a run loads them), not random-init ones")
+    parser.add_argument("--draft-products", default="panel",
+                        help="comma-separated: panel (as runs build drafters: their products on the target's "
+                             "panels where it uses them) and/or torch (the drafter's products on torch's)")
     parser.add_argument("--profile", type=int, default=0,
                         help="then profile this many proposals of each method at the last context (torch.profiler: "
                              "the top operators by own host time and by own device time)")
@@ -235,7 +269,10 @@ def main(argv: list[str] | None = None) -> list[Row]:
     kind = "tiny" if args.tiny else ("random" if args.target in RANDOM_TARGETS else "default")
     contexts = [int(c) for c in args.contexts.split(",")] if args.contexts else CONTEXTS[kind]
     specs = args.methods.split(";") if args.methods else default_methods(args)
-    drafters = {label: get_method(name).factory(target, options) for label, name, options in map(parse_method, specs)}
+    products = [p.strip() for p in args.draft_products.split(",") if p.strip()]
+    if not products or any(p not in ("panel", "torch") for p in products):
+        raise UserError(f"--draft-products {args.draft_products}: choose panel and/or torch")
+    drafters = build_drafters(target, specs, products, args.shipped)
     for label, drafter in drafters.items():
         info = drafter.describe()
         print(f"{label}: weights {info.get('weights', '?')}, checkpoint {info.get('checkpoint')}", file=sys.stderr)

@@ -74,7 +74,9 @@ def shortest_window_s(n_cores: int | None = None) -> float:
 
 class Meter:
     """Cores other processes kept busy between `start()` and `stop()` (our own CPU time subtracted); None where
-    that cannot be told: no /proc/stat, or a window shorter than `shortest_window_s()`."""
+    that cannot be told: no /proc/stat, or a window shorter than `shortest_s` (`DecodeMeter`)."""
+
+    shortest_s = 0.0
 
     def start(self) -> None:
         self._busy = _cpu_busy_seconds()
@@ -84,10 +86,18 @@ class Meter:
     def stop(self) -> float | None:
         end = _cpu_busy_seconds()
         wall = time.perf_counter() - self._wall
-        if end is None or self._busy is None or wall < shortest_window_s():
+        if end is None or self._busy is None or wall <= 0 or wall < self.shortest_s:
             return None
         others = (end[0] - self._busy[0]) - (_own_cpu_seconds() - self._own)
         return max(others / wall, 0.0)
+
+
+class DecodeMeter(Meter):
+    """The meter of one decode: None (unknown) where the decode was too short for /proc/stat to tell."""
+
+    def start(self) -> None:
+        self.shortest_s = shortest_window_s()
+        super().start()
 
 
 @dataclass

@@ -88,3 +88,70 @@ def test_an_unbuildable_kernel_is_a_recorded_reason_and_a_one_line_refusal(monke
     choice = target.products_choice
     assert choice is None or ("panel" not in choice["candidates"]
                               and choice["unusable"]["panel"] == "no C++ compiler (c++/g++) on PATH")
+
+
+def test_a_panel_linear_gives_the_linears_products_and_falls_back_where_the_panels_do_not_serve():
+    """PanelLinear (a drafter's own layers under fused+panel): 1 … 32 rows on the panels, as the Linear gives them;
+    more rows, or autograd on, the Linear's own product bit for bit; a weight changed in place is repacked."""
+    from evalsuite.target.model import PanelLinear
+
+    torch.manual_seed(0)
+    plain = torch.nn.Linear(33, 50)
+    panel = torch.nn.Linear(33, 50)
+    panel.load_state_dict(plain.state_dict())
+    PanelLinear.convert(panel)
+    assert isinstance(panel, PanelLinear) and set(panel.state_dict()) == {"weight", "bias"}
+    with torch.inference_mode():
+        for rows in (1, 2, 7, 8, cpu_kernels.MAX_ROWS):
+            x = torch.randn(rows, 33)
+            torch.testing.assert_close(panel(x), plain(x), rtol=1e-5, atol=1e-5)
+        x = torch.randn(1, 5, 33)  # leading dimensions kept
+        assert panel(x).shape == (1, 5, 50)
+        x = torch.randn(cpu_kernels.MAX_ROWS + 1, 33)
+        assert torch.equal(panel(x), plain(x))
+    x = torch.randn(4, 33, requires_grad=True)
+    assert torch.equal(panel(x), plain(x)) and panel(x).requires_grad
+    with torch.no_grad():
+        panel.weight.mul_(2.0)
+        plain.weight.mul_(2.0)
+    with torch.inference_mode():
+        x = torch.randn(3, 33)
+        torch.testing.assert_close(panel(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def deep_qwen3_dir(tmp_path_factory):
+    """A tiny Qwen3 target deep enough for every drafter's default feature layers (EAGLE-3's rule needs 5)."""
+    from evalsuite.testing import build_tiny_target
+
+    return build_tiny_target(tmp_path_factory.mktemp("deep") / "qwen3", "qwen3", layers=8)
+
+
+@pytest.mark.parametrize("method", ["dlite", "eagle3", "dflash", "dspark"])
+def test_a_drafter_on_a_panel_target_runs_its_own_products_on_the_panels_and_stays_lossless(deep_qwen3_dir, method):
+    """`build_method` on a fused+panel target: every nn.Linear of the drafter's own network becomes a PanelLinear,
+    the target's modules it holds stay the target's, run.json's method record says "panel", and a greedy decode
+    with the drafter equals `ar`'s token for token; on another layout the drafter keeps torch's products."""
+    from evalsuite.methods.ar import AutoregressiveMethod
+    from evalsuite.methods.base import build_method
+    from evalsuite.target.model import PanelLinear, TargetModel
+    from tests.helpers import PROMPTS, decode
+
+    target = TargetModel.load(str(deep_qwen3_dir), weight_layout="fused+panel")
+    target.prepare_blocks(8)
+    drafter = build_method(method, target, {"drafter": "random"})
+    targets = {p.data_ptr() for p in target.model.parameters()}
+    linears = [m for m in drafter.model.modules() if isinstance(m, torch.nn.Linear)]
+    own = [m for m in linears if m.weight.data_ptr() not in targets]
+    assert own and all(isinstance(m, PanelLinear) for m in own)
+    assert not any(isinstance(m, PanelLinear) for m in linears if m not in own)  # e.g. EAGLE-3's head, if shared
+    assert drafter.describe()["draft_products"] == "panel"
+    assert not any(isinstance(m, PanelLinear) for m in target.model.modules())
+    reference = decode(target, AutoregressiveMethod(target.device), PROMPTS[0], 40)
+    assert decode(target, drafter, PROMPTS[0], 40, k=7).output_ids == reference.output_ids
+
+    other = TargetModel.load(str(deep_qwen3_dir), weight_layout="fused+onednn")
+    other.prepare_blocks(8)
+    plain = build_method(method, other, {"drafter": "random"})
+    assert plain.describe()["draft_products"] == "torch"
+    assert not any(isinstance(m, PanelLinear) for m in plain.model.modules())

@@ -85,8 +85,8 @@ def test_a_decode_too_short_for_the_clock_ticks_is_unknown_not_contended(monkeyp
     monkeypatch.setattr(contention, "_cpu_busy_seconds", lambda: (clock["busy"], 1000.0))
     monkeypatch.setattr(contention, "_own_cpu_seconds", lambda: clock["own"])
 
-    def window(wall: float, busy: float, own: float):
-        meter = contention.Meter()
+    def window(wall: float, busy: float, own: float, meter_type=contention.DecodeMeter):
+        meter = meter_type()
         meter.start()
         clock["wall"] += wall
         clock["busy"] += busy
@@ -100,6 +100,8 @@ def test_a_decode_too_short_for_the_clock_ticks_is_unknown_not_contended(monkeyp
     assert window(2.0, 2.0 + 1.2, 2.0) == pytest.approx(0.6)
     # 2 s with only our own time: idle
     assert window(2.0, 4.0, 4.0) == pytest.approx(0.0)
+    # the machine's snapshot before a run samples over a window it chooses itself: no such floor
+    assert window(0.05, 0.05 + 0.03, 0.05, contention.Meter) == pytest.approx(0.6)
 
 
 def test_the_printed_resume_command_run_as_printed_continues_the_run(tiny_llama_dir, tmp_path):

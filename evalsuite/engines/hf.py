@@ -20,7 +20,7 @@ from evalsuite.config import RunConfig
 from evalsuite.engines.base import Engine
 from evalsuite.engines.loop import decode_turn
 from evalsuite.errors import UserError
-from evalsuite.methods.base import Method, Sampling, common_prefix_len, get_method
+from evalsuite.methods.base import Method, Sampling, build_method, common_prefix_len
 from evalsuite.store.records import TurnResult
 from evalsuite.target.model import TargetModel, cached_weights_hash
 from evalsuite.target.remembered import cpu_model, remembered_choice
@@ -99,7 +99,7 @@ class HfEngine(Engine):
             options = dict(cfg.method_options.get(name, {}))
             if name in cfg.drafters:
                 options["drafter"] = cfg.drafters[name]
-            method = get_method(name).factory(self.target, options)
+            method = build_method(name, self.target, options)
             self.target.check_layer_ids(method.feature_layers, f"method {name}")
             self.methods[name] = method
         self.layer_union = tuple(sorted({j for m in self.methods.values() for j in m.feature_layers}))

@@ -63,6 +63,8 @@ class Method:
 
     name: ClassVar[str] = "base"
     feature_layers: tuple[int, ...] = ()  # target layer ids this method reads (HF convention: j → hidden_states[j+1])
+    model: torch.nn.Module | None = None  # a learned method's own network (None: model-free)
+    draft_products: str | None = None  # what that network's products run on (`build_method`): "panel" | "torch"
     checkpoint_hash: str | None = None
     checkpoint_path: str | None = None
 
@@ -90,7 +92,7 @@ class Method:
     def describe(self) -> dict:
         """What run.json records about this method."""
         return {"method": self.name, "checkpoint": self.checkpoint_path, "checkpoint_sha256": self.checkpoint_hash,
-                "feature_layers": list(self.feature_layers)}
+                "feature_layers": list(self.feature_layers), "draft_products": self.draft_products}
 
 
 def common_prefix_len(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -112,3 +114,13 @@ def tensor_bytes(*tensors: torch.Tensor | None) -> int:
 # (evalsuite.catalog) and, for learned methods, the drafter checkpoint (`drafter`). `get_method(name).factory` is it.
 MethodFactory = Callable[..., Method]
 get_method = method_spec
+
+
+def build_method(name: str, target, options: dict) -> Method:
+    """`name` built for `target` (a `TargetModel`), as the engines and the profile use it: the method's factory,
+    then its own network's products put on the kernels the target's decoder runs on (`TargetModel.prepare_drafter`:
+    the panels under `fused+panel`), recorded as `draft_products`. Training builds with the factory alone."""
+    method = get_method(name).factory(target, options)
+    if method.model is not None:
+        method.draft_products = target.prepare_drafter(method.model)
+    return method

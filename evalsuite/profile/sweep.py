@@ -43,7 +43,7 @@ from evalsuite.catalog import WINDOW_KEY, method_spec
 from evalsuite.config import environment, portable_paths
 from evalsuite.conventions import BASELINE
 from evalsuite.errors import UserError
-from evalsuite.methods.base import Method, Sampling, get_method
+from evalsuite.methods.base import Method, Sampling, build_method
 from evalsuite.profile.batched import ROOM, batched_drafter, batching_of
 from evalsuite.profile.memory import (Budget, decoder_config, device_memory, draft_point_bytes, feature_rows, is_oom,
                                       kv_bytes_per_token, module_bytes, packed_bytes, parse_bytes, peak_bytes,
@@ -105,7 +105,7 @@ class Drafter:
     calibration: dict = field(default_factory=dict)  # state bytes per token and fixed, per stream
 
     def build_copy(self, target: TargetModel) -> Method:
-        return get_method(self.name).factory(target, self.options)
+        return build_method(self.name, target, self.options)
 
 
 class Sweep:
@@ -310,7 +310,7 @@ def build_drafters(target: TargetModel, methods: list[str], drafters: dict[str, 
                 source = None if embedded.by_name(target.name) is not None else "random"
             if source is not None:
                 options["drafter"] = source
-        built.append(Drafter(spec_text, name, options, get_method(name).factory(target, options)))
+        built.append(Drafter(spec_text, name, options, build_method(name, target, options)))
     return built
 
 

@@ -262,7 +262,7 @@ class Runner:
                 stepped[0] += tokens
                 progress.step(tokens)
 
-            meter = contention.Meter()
+            meter = contention.DecodeMeter()
             meter.start()
             result = self.engine.decode(name, context.ids, turn_seed(self.config.seed, trajectory.sample_id, turn),
                                         on_step)

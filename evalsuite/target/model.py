@@ -262,6 +262,22 @@ class TargetModel:
         self.weight_layout = {v: k for k, v in PRODUCTS_OF_LAYOUT.items()}[self.fused.products] if used else "fused"
         return used
 
+    def prepare_drafter(self, module: torch.nn.Module) -> str:
+        """Put a drafter's own products on the kernels this target's decoder runs on, after `prepare_blocks`: with
+        the panels chosen (`fused+panel`) each of the drafter's nn.Linear becomes a `PanelLinear` (its 1 … 32-row
+        products on the panels, the rest on `F.linear`); otherwise nothing changes. The target's own modules that a
+        drafter holds (its lm_head, embeddings) are left alone: they already run on the decoder's products.
+        Returns what the drafter's products run on ("panel" or "torch"), for run.json."""
+        if self.fused is None or self.fused.products != "panel" or self.device.type != "cpu" \
+                or self.dtype != torch.float32:
+            return "torch"
+        own = {p.data_ptr() for p in self.model.parameters()}
+        for sub in module.modules():
+            if type(sub) is torch.nn.Linear and sub.weight.dtype == torch.float32 \
+                    and sub.weight.data_ptr() not in own:
+                PanelLinear.convert(sub)
+        return "panel"
+
     def choose_products(self, rows: int) -> dict | None:
         """MKL, oneDNN or the panel kernel for the fused decoder's products of 1 … `rows` rows, whichever gives the
         lowest decode + verify-`rows` time of the weight products measured here (`FusedDecoder.measure_products`);
@@ -491,6 +507,33 @@ class OneDnnBlockLinear(torch.nn.Linear):
         flat = x.reshape(rows, x.shape[-1]).contiguous().to_mkldnn()
         out = torch.ops.aten.mkldnn_linear(flat, self.onednn_weight, self.onednn_bias).to_dense()
         return out.view(*x.shape[:-1], out.shape[-1])
+
+
+class PanelLinear(torch.nn.Linear):
+    """An nn.Linear whose 1 … `cpu_kernels.MAX_ROWS`-row products run on evalsuite's panel kernel (the products the
+    target's fused decoder uses under `fused+panel`), the rest on `F.linear`. For a drafter's own layers and heads
+    (`TargetModel.prepare_drafter`): their one- and few-row products are where MKL runs at a fraction of the
+    bandwidth on some CPUs. Inference only: with autograd on, or for other dtypes, it is a plain nn.Linear; if the
+    weight is changed in place (training), the panels are rebuilt before the next product."""
+
+    @classmethod
+    def convert(cls, module: torch.nn.Linear) -> None:
+        module.__class__ = cls
+        module._pack()
+
+    def _pack(self) -> None:
+        # plain attributes, not buffers: the panels stay out of state_dict() and .to()
+        self.__dict__["panels"] = cpu_kernels.pack(self.weight.detach())
+        self.__dict__["packed_version"] = self.weight._version
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if not 1 <= rows <= cpu_kernels.MAX_ROWS or torch.is_grad_enabled() or x.dtype != torch.float32 \
+                or x.device.type != "cpu":
+            return super().forward(x)
+        if self.weight._version != self.packed_version:
+            self._pack()
+        return cpu_kernels.linear(x.contiguous(), self.panels, self.out_features, self.bias)
 
 
 class _FusedHead(torch.nn.Module):
