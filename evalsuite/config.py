@@ -304,13 +304,15 @@ DRIFT_FIELDS = ("target_sha256", "chat_template_sha256", "tokenizer_sha256", "en
                 "captured_attention", "threads",
                 "engine", "repeats", "format", "context_points", "tool_format")
 # Per-method drift fields ({method: value}): compared for the methods two runs share (a resume may add methods).
-PER_METHOD_DRIFT_FIELDS = ("drafter_sha256", "method_options")
+PER_METHOD_DRIFT_FIELDS = ("drafter_sha256", "method_options", "draft_products")
 
 
 # What a drift field meant in runs recorded before it existed
 # (captured_attention: every run before it that captured its forwards attended by masked SDPA; a run without
 # captured forwards records None, which compares the same)
-DRIFT_DEFAULTS = {"cuda_graphs": "off", "captured_attention": "masked-sdpa"}
+# (draft_products: a learned drafter's own layers ran on torch's products before `build_method` could move them;
+# a model-free method records None, which compares the same)
+DRIFT_DEFAULTS = {"cuda_graphs": "off", "captured_attention": "masked-sdpa", "draft_products": "torch"}
 
 
 def drift_value(key: str, value) -> str:

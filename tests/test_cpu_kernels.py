@@ -145,7 +145,7 @@ def test_a_drafter_on_a_panel_target_runs_its_own_products_on_the_panels_and_sta
     own = [m for m in linears if m.weight.data_ptr() not in targets]
     assert own and all(isinstance(m, PanelLinear) for m in own)
     assert not any(isinstance(m, PanelLinear) for m in linears if m not in own)  # e.g. EAGLE-3's head, if shared
-    assert drafter.describe()["draft_products"] == "panel"
+    assert drafter.describe()["draft_products"] == ("panel+attention" if method == "eagle3" else "panel")
     assert not any(isinstance(m, PanelLinear) for m in target.model.modules())
     reference = decode(target, AutoregressiveMethod(target.device), PROMPTS[0], 40)
     assert decode(target, drafter, PROMPTS[0], 40, k=7).output_ids == reference.output_ids
@@ -155,3 +155,53 @@ def test_a_drafter_on_a_panel_target_runs_its_own_products_on_the_panels_and_sta
     plain = build_method(method, other, {"drafter": "random"})
     assert plain.describe()["draft_products"] == "torch"
     assert not any(isinstance(m, PanelLinear) for m in plain.model.modules())
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_eagle3s_draft_attention_on_the_kernel_matches_sdpa(deep_qwen3_dir, window):
+    """EAGLE-3's attention over its draft KV cache on the CPU kernel (set by prepare_drafter under fused+panel)
+    against its SDPA path, on the same inputs: a prefill of 20 entries (20 causal queries), then single-query
+    steps as a proposal makes them; with a window the multi-query call falls back to SDPA's masked path."""
+    from evalsuite.methods.base import build_method
+    from evalsuite.methods.eagle3 import DraftKVCache
+    from evalsuite.target.model import TargetModel
+
+    target = TargetModel.load(str(deep_qwen3_dir), weight_layout="fused+panel")
+    target.prepare_blocks(8)
+    attention = build_method("eagle3", target, {"drafter": "random"}).model.layer.self_attn
+    assert attention.kernel_attention
+    generator = torch.Generator().manual_seed(0)
+    width = attention.q_proj.in_features
+    outputs = {}
+    for kernel in (True, False):
+        attention.kernel_attention = kernel
+        cache = DraftKVCache(attention.kv_heads, attention.head_dim, torch.float32, torch.device("cpu"),
+                             window=window)
+        generator.manual_seed(0)
+        got = []
+        with torch.inference_mode():
+            for q_len, queries in ((20, 20), (1, 1), (1, 1), (3, 1), (1, 1)):
+                x = torch.randn(q_len, width, generator=generator)
+                angle = torch.randn(q_len, attention.head_dim, generator=generator)
+                got.append(attention(x, angle.cos(), angle.sin(), cache, queries))
+        outputs[kernel] = got
+    for with_kernel, with_sdpa in zip(outputs[True], outputs[False]):
+        torch.testing.assert_close(with_kernel, with_sdpa, rtol=1e-5, atol=1e-5)
+
+
+def test_where_a_drafters_products_ran_is_a_per_method_drift_field():
+    """A run whose drafter ran on torch's products (recorded before `draft_products`, or on another layout) and a
+    resume whose drafter runs on the panels are refused, naming the field and the method; model-free methods
+    record None on both sides and pass."""
+    from evalsuite.run.resume import differences, resumed_config
+
+    before = {"methods": ["ar", "ngram", "dlite"], "drafter_sha256": {"dlite": "abc"}}
+    now = {"methods": ["ar", "ngram", "dlite"], "drafter_sha256": {"dlite": "abc"},
+           "draft_products": {"ar": None, "ngram": None, "dlite": "panel"}}
+    assert differences(before, now) == ["draft_products of method dlite differs from the stored run (None → 'panel')"]
+    assert differences({**before, "draft_products": {"dlite": "torch"}}, {**now, "draft_products": {
+        "ar": None, "ngram": None, "dlite": "torch"}}) == []
+    assert differences(now, now) == []
+    added = resumed_config(now, {**now, "methods": [*now["methods"], "eagle3"],
+                                 "draft_products": {**now["draft_products"], "eagle3": "panel+attention"}})
+    assert added["draft_products"]["eagle3"] == "panel+attention" and added["draft_products"]["dlite"] == "panel"

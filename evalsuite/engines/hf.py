@@ -224,6 +224,7 @@ class HfEngine(Engine):
             **self.chat.hashes(),
             "drafters": methods,
             "drafter_sha256": {n: d.get("checkpoint_sha256") for n, d in methods.items()},
+            "draft_products": {n: d.get("draft_products") for n, d in methods.items()},  # build_method
             "threads": torch.get_num_threads(),
             "device_facts": device_facts(target.device),
             "device_processes": contention.cuda_processes() if target.device.type == "cuda" else [],

@@ -64,7 +64,7 @@ class Method:
     name: ClassVar[str] = "base"
     feature_layers: tuple[int, ...] = ()  # target layer ids this method reads (HF convention: j → hidden_states[j+1])
     model: torch.nn.Module | None = None  # a learned method's own network (None: model-free)
-    draft_products: str | None = None  # what that network's products run on (`build_method`): "panel" | "torch"
+    draft_products: str | None = None  # what that network runs on (`build_method`): "panel"[+attention] | "torch"
     checkpoint_hash: str | None = None
     checkpoint_path: str | None = None
 

@@ -48,6 +48,7 @@ from evalsuite.methods.checkpoints import check_fit, drafter_source, load_checkp
 from evalsuite.methods.draft_layers import (RMSNorm, SwiGLU, choose_token, evenly_spaced_zlab, init_random_,
                                             full_attention_rope, materialize, qwen3_config, rotate)
 from evalsuite.methods.window import DraftRows
+from evalsuite.target import cpu_kernels
 from evalsuite.target.buffers import GrowableBuffer
 
 
@@ -234,6 +235,10 @@ class DraftKVCache(DraftRows):
 
 
 class Eagle3Attention(nn.Module):
+    # set by TargetModel.prepare_drafter where the target's decoder attends with evalsuite's CPU attention kernel:
+    # the draft layer's attention over its KV cache then runs on the same kernel (fp32 on a CPU, inference)
+    kernel_attention = False
+
     def __init__(self, spec: Eagle3Spec):
         super().__init__()
         self.heads = spec.num_attention_heads
@@ -267,6 +272,8 @@ class Eagle3Attention(nn.Module):
         start = cache.read_from(cache.length - queries)  # a window: the oldest entry the first query sees
         if start:
             all_keys, all_values = all_keys[:, start:], all_values[:, start:]
+        if self.kernel_attention and (cache.window is None or queries == 1) and self._kernel_fits(query, queries):
+            return self.o_proj(self._kernel_attend(query, all_keys, all_values, queries))
         mask = None
         if queries > 1:
             total = all_keys.shape[1]
@@ -279,6 +286,22 @@ class Eagle3Attention(nn.Module):
                                              attn_mask=mask, scale=self.head_dim ** -0.5,
                                              enable_gqa=self.heads != self.kv_heads)
         return self.o_proj(out[0].transpose(0, 1).reshape(queries, self.heads * self.head_dim))
+
+    def _kernel_fits(self, query: torch.Tensor, queries: int) -> bool:
+        return query.dtype == torch.float32 and query.device.type == "cpu" and not torch.is_grad_enabled() \
+            and cpu_kernels.attends(self.head_dim, self.heads // self.kv_heads * queries)
+
+    def _kernel_attend(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                       queries: int) -> torch.Tensor:
+        """The causal attention of the last `queries` entries (query [queries, heads, D]) over keys/values
+        [kv_heads, T, D] on the CPU kernel: query heads folded per K/V head (row g·queries + i, as the target's
+        decoder folds them), so each key is read once for all of a head group's rows. [queries, heads·D]."""
+        groups = self.heads // self.kv_heads
+        folded = query.view(queries, self.kv_heads, groups, self.head_dim).permute(1, 2, 0, 3) \
+            .reshape(1, self.kv_heads, groups * queries, self.head_dim).contiguous()
+        out = cpu_kernels.attention(folded, keys[None], values[None], queries, self.head_dim ** -0.5)
+        return out.view(self.kv_heads, groups, queries, self.head_dim).permute(2, 0, 1, 3) \
+            .reshape(queries, self.heads * self.head_dim)
 
 
 class Eagle3Layer(nn.Module):

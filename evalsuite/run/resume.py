@@ -3,7 +3,8 @@ continue an interrupted run.
 
 A resumed run keeps the stored run.json as it was (its configuration and its original `environment`) and
 appends one entry per resume to `resumes` (that invocation's environment and methods). Methods added on a
-resume join `methods`, `drafters`, `drafter_sha256` and `method_options`.
+resume join `methods`, `drafters` and the per-method drift fields (`drafter_sha256`, `method_options`,
+`draft_products`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def resumed_config(previous: dict, current: dict) -> dict:
     merged = dict(previous)
     added = [m for m in current.get("methods") or [] if m not in (previous.get("methods") or [])]
     merged["methods"] = list(previous.get("methods") or []) + added
-    for key in ("drafters", "drafter_sha256", "method_options"):
+    for key in ("drafters", *PER_METHOD_DRIFT_FIELDS):
         # the new invocation loaded every method it names (ar included): take its entries for the added ones
         entries = dict(previous.get(key) or {})
         entries.update({m: v for m, v in (current.get(key) or {}).items() if m in added or m not in entries})

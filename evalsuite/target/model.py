@@ -266,17 +266,23 @@ class TargetModel:
         """Put a drafter's own products on the kernels this target's decoder runs on, after `prepare_blocks`: with
         the panels chosen (`fused+panel`) each of the drafter's nn.Linear becomes a `PanelLinear` (its 1 … 32-row
         products on the panels, the rest on `F.linear`); otherwise nothing changes. The target's own modules that a
-        drafter holds (its lm_head, embeddings) are left alone: they already run on the decoder's products.
-        Returns what the drafter's products run on ("panel" or "torch"), for run.json."""
+        drafter holds (its lm_head, embeddings) are left alone: they already run on the decoder's products. A draft
+        attention module that declares `kernel_attention` (EAGLE-3's, over its KV cache) is switched to evalsuite's
+        CPU attention kernel where the decoder attends with it. Returns what the drafter's products run on
+        ("panel", "panel+attention" or "torch"), for run.json."""
         if self.fused is None or self.fused.products != "panel" or self.device.type != "cpu" \
                 or self.dtype != torch.float32:
             return "torch"
         own = {p.data_ptr() for p in self.model.parameters()}
+        kernel_attention = self.fused.block_attention == "kernel"
+        attends = False
         for sub in module.modules():
             if type(sub) is torch.nn.Linear and sub.weight.dtype == torch.float32 \
                     and sub.weight.data_ptr() not in own:
                 PanelLinear.convert(sub)
-        return "panel"
+            if kernel_attention and hasattr(sub, "kernel_attention"):  # a draft attention that can use the kernel
+                sub.kernel_attention = attends = True
+        return "panel+attention" if attends else "panel"
 
     def choose_products(self, rows: int) -> dict | None:
         """MKL, oneDNN or the panel kernel for the fused decoder's products of 1 … `rows` rows, whichever gives the
