@@ -116,7 +116,7 @@ def build_drafters(target: TargetModel, specs: list[str], products: list[str], s
             method = build_method(name, target, options) if choice == "panel" else \
                 get_method(name).factory(target, options)
             if choice == "panel" and len(products) > 1 and method.model is not None \
-                    and method.draft_products != "panel":
+                    and not (method.draft_products or "").startswith("panel"):
                 raise UserError(f"--draft-products panel: the target does not run on the panels here "
                                 f"({target.weight_layout}); use --weight-layout fused+panel on a CPU in float32")
             if method.model is None and choice != products[0]:
