@@ -1,6 +1,6 @@
 """The plans of benchmarks/bfcl_closed_qwen.sh's four runs, as `evalsuite run` prints them, without decoding.
 
-    python benchmarks/bfcl_closed_plan.py --methods ar,ngram,suffix --n 10 --new-tokens 256 --repeats 3
+    python benchmarks/bfcl_closed_plan.py --n 10 --new-tokens 256 --repeats 1
 
 Each run's configuration is loaded as the runner loads it (target, methods, data), warmed up and its costs measured,
 then `evalsuite.run.plan.make_plan` prints what `evalsuite run` would print before decoding; nothing is written but each
@@ -23,11 +23,11 @@ from evalsuite.run.runner import Runner
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="qwen2.5-coder-0.5b")
-    parser.add_argument("--methods", default="ar,ngram,suffix")
+    parser.add_argument("--methods", default="ar,ngram,suffix,dlite,eagle3,dflash,dspark")  # bfcl_closed_qwen.sh's
     parser.add_argument("--n", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--new-tokens", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", default="auto")
     parser.add_argument("--max-turns", type=int, default=None)
     args = parser.parse_args()
