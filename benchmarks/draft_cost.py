@@ -112,16 +112,15 @@ def build_drafters(target: TargetModel, specs: list[str], products: list[str], s
     drafter's own products on the target's panels where the target uses them), "torch" by the factory alone."""
     drafters = {}
     for label, name, options in (parse_method(spec, shipped) for spec in specs):
-        for choice in products:
+        learned = method_spec(name).needs_checkpoint  # a model-free method has no products of its own: built once
+        compared = learned and len(products) > 1
+        for choice in products if learned else products[:1]:
             method = build_method(name, target, options) if choice == "panel" else \
                 get_method(name).factory(target, options)
-            if choice == "panel" and len(products) > 1 and method.model is not None \
-                    and not (method.draft_products or "").startswith("panel"):
+            if compared and choice == "panel" and not (method.draft_products or "").startswith("panel"):
                 raise UserError(f"--draft-products panel: the target does not run on the panels here "
                                 f"({target.weight_layout}); use --weight-layout fused+panel on a CPU in float32")
-            if method.model is None and choice != products[0]:
-                continue  # a model-free method has no products of its own: measured once
-            drafters[label if len(products) == 1 or method.model is None else f"{label} [{choice}]"] = method
+            drafters[f"{label} [{choice}]" if compared else label] = method
     return drafters
 
 

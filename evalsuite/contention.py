@@ -63,13 +63,13 @@ def cpu_pressure() -> float | None:
     return None
 
 
-def shortest_window_s(n_cores: int | None = None) -> float:
+def shortest_window_s() -> float:
     """The shortest wall interval over which `Meter` can tell contention: /proc/stat counts each CPU's time in
     whole clock ticks (1/SC_CLK_TCK s, 10 ms on Linux), so over a window of w seconds its busy time is off by up to
-    one tick per CPU while our own CPU time (getrusage) is exact. That error, n_cores ticks ÷ w, must stay below half
+    one tick per CPU while our own CPU time (getrusage) is exact. That error, cores ticks ÷ w, must stay below half
     of CONTENDED_CORES: 80 ms on 2 cores. A 1-token reply (EOS at once) decodes in well under a millisecond, where
     one tick alone reads as several cores busy."""
-    return 2 * (n_cores or cores()) / _TICKS / CONTENDED_CORES
+    return 2 * cores() / _TICKS / CONTENDED_CORES
 
 
 class Meter:
