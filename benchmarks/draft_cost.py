@@ -21,9 +21,12 @@ Medians over the timed steps. CUDA timings use events after a device sync. Usage
     python benchmarks/draft_cost.py --target qwen3-8b-random --tiny          # the same code path, tiny shapes
 
 `--shipped` measures the drafters shipped for the target (as runs load them) instead of random-init ones;
-`--draft-products panel,torch` measures each learned drafter twice in the same run: as runs build it (its own
-products on the target's panels, where the target chose them: `evalsuite.methods.base.build_method`) and on
-torch's products (e.g. `--target qwen2.5-coder-0.5b --shipped --draft-products panel,torch`).
+`--draft-products panel+attention,panel,torch` measures each learned drafter once per choice in the same run:
+`panel+attention` as runs build it where the target runs on the panels (`evalsuite.methods.base.build_method`: its
+own products on the target's panels and its draft attention on evalsuite's attention kernel), `panel` the same with
+its attention on torch's SDPA, `torch` as the factory alone builds it (torch's products and SDPA), e.g.
+`--target qwen2.5-coder-0.5b --shipped --draft-products panel+attention,panel,torch`. The default, `run`, is
+whatever `build_method` gives on this target (one build per drafter, unlabelled).
 
 `--methods` takes names or method labels `name:key=value[:key=value…]` (as `evalsuite run --method` reads them,
 evalsuite.catalog), e.g. `eagle3:format=specforge:draft_vocab_size=32000`, `dflash:layout=block7` or
@@ -107,19 +110,32 @@ def parse_method(spec: str, shipped: bool = False) -> tuple[str, str, dict]:
     return spec, variant.method, options
 
 
+PRODUCT_CHOICES = ("run", "panel+attention", "panel", "torch")
+
+
 def build_drafters(target: TargetModel, specs: list[str], products: list[str], shipped: bool) -> dict:
-    """label → method, once per draft-products choice: "panel" as the engine builds it (`build_method`: the
-    drafter's own products on the target's panels where the target uses them), "torch" by the factory alone."""
+    """label → method, once per draft-products choice: "run" as the engine builds it (`build_method`),
+    "panel+attention" the same where it gives the panels and the attention kernel, "panel" the same with every
+    draft attention switched back to SDPA, "torch" by the factory alone."""
     drafters = {}
     for label, name, options in (parse_method(spec, shipped) for spec in specs):
         learned = method_spec(name).needs_checkpoint  # a model-free method has no products of its own: built once
         compared = learned and len(products) > 1
         for choice in products if learned else products[:1]:
-            method = build_method(name, target, options) if choice == "panel" else \
-                get_method(name).factory(target, options)
-            if compared and choice == "panel" and not (method.draft_products or "").startswith("panel"):
-                raise UserError(f"--draft-products panel: the target does not run on the panels here "
-                                f"({target.weight_layout}); use --weight-layout fused+panel on a CPU in float32")
+            method = get_method(name).factory(target, options) if choice == "torch" else \
+                build_method(name, target, options)
+            if choice == "torch" and learned:
+                method.draft_products = "torch"  # the factory alone: torch's products and SDPA
+            built = method.draft_products or ""
+            if learned and choice.startswith("panel") and not built.startswith(choice):
+                raise UserError(f"--draft-products {choice}: {name} builds as {built or 'torch'} here (the target's "
+                                f"layout {target.weight_layout}); the panels need --weight-layout fused+panel on a "
+                                "CPU in float32, the attention kernel a drafter whose attention declares it")
+            if choice == "panel" and built == "panel+attention":
+                for module in method.model.modules():
+                    if getattr(module, "kernel_attention", False):
+                        module.kernel_attention = False
+                method.draft_products = "panel"
             drafters[f"{label} [{choice}]" if compared else label] = method
     return drafters
 
@@ -252,9 +268,10 @@ def main(argv: list[str] | None = None) -> list[Row]:
                         help="the target's, as `evalsuite run --weight-layout` (default: auto; a random target's: row-major)")
     parser.add_argument("--shipped", action="store_true",
                         help="the drafters shipped for the target (as a run loads them), not random-init ones")
-    parser.add_argument("--draft-products", default="panel",
-                        help="comma-separated: panel (as runs build drafters: their products on the target's "
-                             "panels where it uses them) and/or torch (the drafter's products on torch's)")
+    parser.add_argument("--draft-products", default="run",
+                        help="comma-separated: run (as runs build drafters), panel+attention (their products on the "
+                             "target's panels and their attention on the kernel), panel (the panels, SDPA "
+                             "attention) and/or torch (torch's products and SDPA)")
     parser.add_argument("--profile", type=int, default=0,
                         help="then profile this many proposals of each method at the last context (torch.profiler: "
                              "the top operators by own host time and by own device time)")
@@ -269,8 +286,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
     contexts = [int(c) for c in args.contexts.split(",")] if args.contexts else CONTEXTS[kind]
     specs = args.methods.split(";") if args.methods else default_methods(args)
     products = [p.strip() for p in args.draft_products.split(",") if p.strip()]
-    if not products or any(p not in ("panel", "torch") for p in products):
-        raise UserError(f"--draft-products {args.draft_products}: choose panel and/or torch")
+    if not products or any(p not in PRODUCT_CHOICES for p in products):
+        raise UserError(f"--draft-products {args.draft_products}: choose from {', '.join(PRODUCT_CHOICES)}")
     drafters = build_drafters(target, specs, products, args.shipped)
     for label, drafter in drafters.items():
         info = drafter.describe()

@@ -145,7 +145,7 @@ def test_a_drafter_on_a_panel_target_runs_its_own_products_on_the_panels_and_sta
     own = [m for m in linears if m.weight.data_ptr() not in targets]
     assert own and all(isinstance(m, PanelLinear) for m in own)
     assert not any(isinstance(m, PanelLinear) for m in linears if m not in own)  # e.g. EAGLE-3's head, if shared
-    assert drafter.describe()["draft_products"] == ("panel+attention" if method == "eagle3" else "panel")
+    assert drafter.describe()["draft_products"] == "panel+attention"  # each drafter's attention on the kernel too
     assert not any(isinstance(m, PanelLinear) for m in target.model.modules())
     reference = decode(target, AutoregressiveMethod(target.device), PROMPTS[0], 40)
     assert decode(target, drafter, PROMPTS[0], 40, k=7).output_ids == reference.output_ids
@@ -187,6 +187,77 @@ def test_eagle3s_draft_attention_on_the_kernel_matches_sdpa(deep_qwen3_dir, wind
         outputs[kernel] = got
     for with_kernel, with_sdpa in zip(outputs[True], outputs[False]):
         torch.testing.assert_close(with_kernel, with_sdpa, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["dlite", "dflash"])
+def test_the_block_drafters_attention_on_the_kernel_matches_sdpa(deep_qwen3_dir, method):
+    """The block attention of DLite/DFlash/DSpark (queries = the block, keys = [context; block], no mask) on the CPU
+    kernel against its SDPA path, on the same inputs: without a cache (context rows passed in) and through a
+    `ContextKVCache` that grows over several forwards (its keys are views of the cache's buffers), with GQA."""
+    from evalsuite.methods.base import build_method
+    from evalsuite.methods.draft_layers import BlockAttention, ContextKVCache
+    from evalsuite.target.model import TargetModel
+
+    target = TargetModel.load(str(deep_qwen3_dir), weight_layout="fused+panel")
+    target.prepare_blocks(8)
+    attentions = [m for m in build_method(method, target, {"drafter": "random"}).model.modules()
+                  if isinstance(m, BlockAttention)]
+    assert attentions and all(a.kernel_attention for a in attentions)
+    attention = attentions[0]
+    assert attention.heads > attention.kv_heads  # the folding of query heads per K/V head is exercised
+    generator = torch.Generator().manual_seed(0)
+    width = attention.q_proj.in_features
+    outputs = {}
+    for kernel in (True, False):
+        attention.kernel_attention = kernel
+        cache = ContextKVCache(1)
+        generator.manual_seed(0)
+        got = []
+        with torch.inference_mode():
+            for c_len, q_len, cached in ((0, 8, False), (5, 8, False), (300, 16, True), (3, 16, True), (1, 4, True)):
+                block = torch.randn(q_len, width, generator=generator)
+                context = torch.randn(c_len, width, generator=generator)
+                angle = torch.randn(c_len + q_len, attention.head_dim, generator=generator)
+                if cached:
+                    cache.prepare(c_len, q_len)
+                got.append(attention(block, context, angle.cos(), angle.sin(), cache if cached else None, 0))
+                if cached:
+                    cache.advance(c_len)
+        outputs[kernel] = got
+    for with_kernel, with_sdpa in zip(outputs[True], outputs[False]):
+        torch.testing.assert_close(with_kernel, with_sdpa, rtol=1e-5, atol=1e-5)
+
+
+def test_draft_cost_builds_each_drafter_once_per_products_choice(deep_qwen3_dir):
+    """benchmarks/draft_cost.py --draft-products panel+attention,panel,torch: one build per choice, labelled, with
+    the attention kernel on only in the first, the panels in the first two, torch's products in the last; a choice
+    the target cannot give is a one-line error naming it."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    from evalsuite.errors import UserError
+    from evalsuite.target.model import PanelLinear, TargetModel
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    draft_cost = importlib.import_module("draft_cost")
+    target = TargetModel.load(str(deep_qwen3_dir), weight_layout="fused+panel")
+    target.prepare_blocks(8)
+    built = draft_cost.build_drafters(target, ["dflash", "ngram"], ["panel+attention", "panel", "torch"], False)
+    assert list(built) == ["dflash [panel+attention]", "dflash [panel]", "dflash [torch]", "ngram"]
+    for label, (products, kernel, panels) in {"dflash [panel+attention]": ("panel+attention", True, True),
+                                              "dflash [panel]": ("panel", False, True),
+                                              "dflash [torch]": ("torch", False, False)}.items():
+        model = built[label].model
+        assert built[label].draft_products == products
+        assert {getattr(m, "kernel_attention") for m in model.modules() if hasattr(m, "kernel_attention")} == {kernel}
+        assert any(isinstance(m, PanelLinear) for m in model.modules()) == panels
+    assert list(draft_cost.build_drafters(target, ["dlite"], ["run"], False)) == ["dlite"]
+
+    other = TargetModel.load(str(deep_qwen3_dir), weight_layout="fused+onednn")
+    other.prepare_blocks(8)
+    with pytest.raises(UserError, match=r"--draft-products panel: dlite builds as torch here"):
+        draft_cost.build_drafters(other, ["dlite"], ["panel", "torch"], False)
 
 
 def test_where_a_drafters_products_ran_is_a_per_method_drift_field():

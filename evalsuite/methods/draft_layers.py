@@ -29,6 +29,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Method, DraftState, Proposal, common_prefix_len, tensor_bytes
 from evalsuite.methods.window import DraftRows
+from evalsuite.target import cpu_kernels
 from evalsuite.target.buffers import GrowableBuffer
 
 INIT_STD = 0.02  # HF `initializer_range` default, used for random-init drafters
@@ -177,6 +178,13 @@ class ContextKVCache(DraftRows):
 
 
 class BlockAttention(nn.Module):
+    """The block drafters' attention (DLite, DFlash, DSpark): the block's queries see every context row and every
+    block row (bidirectional within the block, no mask)."""
+
+    # set by TargetModel.prepare_drafter where the target's decoder attends with evalsuite's CPU attention kernel:
+    # the block then attends on the same kernel (fp32 on a CPU, inference), every folded row at the last position
+    kernel_attention = False
+
     def __init__(self, cfg: Qwen3Config):
         super().__init__()
         self.heads = cfg.num_attention_heads
@@ -207,9 +215,28 @@ class BlockAttention(nn.Module):
         k, v = self.key_values(keys_in, cos, sin)
         if cache is not None:
             k, v = cache.write(layer, k, v)
+        if self.kernel_attention and self._kernel_fits(q):
+            return self.o_proj(self._kernel_attend(q, k, v))
         out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None], v[None], scale=self.scale,
                                              enable_gqa=self.heads != self.kv_heads)
         return self.o_proj(out[0].transpose(0, 1).reshape(q_len, self.heads * self.head_dim))
+
+    def _kernel_fits(self, q: torch.Tensor) -> bool:
+        return q.dtype == torch.float32 and q.device.type == "cpu" and not torch.is_grad_enabled() \
+            and cpu_kernels.attends(self.head_dim, self.heads // self.kv_heads * q.shape[0])
+
+    def _kernel_attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [q, heads, D] over keys/values [kv_heads, T, D] with no mask, on the CPU kernel: the query heads are
+        folded per K/V head (row g·q + i) and passed as one block row (`rows=1`), so every folded row sits at the
+        last position and sees all T keys. [q, heads·D]."""
+        q_len, groups = q.shape[0], self.heads // self.kv_heads
+        folded = q.view(q_len, self.kv_heads, groups, self.head_dim).permute(1, 2, 0, 3) \
+            .reshape(1, self.kv_heads, groups * q_len, self.head_dim).contiguous()
+        if k.stride() != v.stride() or k.stride(-1) != 1 or k.stride(-2) != self.head_dim:
+            k, v = k.contiguous(), v.contiguous()  # the kernel reads K/V rows of D contiguous, with one stride
+        out = cpu_kernels.attention(folded, k[None], v[None], 1, self.scale)
+        return out.view(self.kv_heads, groups, q_len, self.head_dim).permute(2, 0, 1, 3) \
+            .reshape(q_len, self.heads * self.head_dim)
 
 
 class DraftDecoderLayer(nn.Module):
