@@ -216,7 +216,7 @@ class BlockAttention(nn.Module):
         if cache is not None:
             k, v = cache.write(layer, k, v)
         if self.kernel_attention and self._kernel_fits(q):
-            return self.o_proj(self._kernel_attend(q, k, v))
+            return self.o_proj(cpu_kernels.attend_heads(q, k, v, 1, self.scale))  # rows=1: no mask
         out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None], v[None], scale=self.scale,
                                              enable_gqa=self.heads != self.kv_heads)
         return self.o_proj(out[0].transpose(0, 1).reshape(q_len, self.heads * self.head_dim))
@@ -224,20 +224,6 @@ class BlockAttention(nn.Module):
     def _kernel_fits(self, q: torch.Tensor) -> bool:
         return q.dtype == torch.float32 and q.device.type == "cpu" and not torch.is_grad_enabled() \
             and cpu_kernels.attends(self.head_dim, self.heads // self.kv_heads * q.shape[0])
-
-    def _kernel_attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [q, heads, D] over keys/values [kv_heads, T, D] with no mask, on the CPU kernel: the query heads are
-        folded per K/V head (row g·q + i) and passed as one block row (`rows=1`), so every folded row sits at the
-        last position and sees all T keys. [q, heads·D]."""
-        q_len, groups = q.shape[0], self.heads // self.kv_heads
-        folded = q.view(q_len, self.kv_heads, groups, self.head_dim).permute(1, 2, 0, 3) \
-            .reshape(1, self.kv_heads, groups * q_len, self.head_dim).contiguous()
-        if k.stride() != v.stride() or k.stride(-1) != 1 or k.stride(-2) != self.head_dim:
-            k, v = k.contiguous(), v.contiguous()  # the kernel reads K/V rows of D contiguous, with one stride
-        out = cpu_kernels.attention(folded, k[None], v[None], 1, self.scale)
-        return out.view(self.kv_heads, groups, q_len, self.head_dim).permute(2, 0, 1, 3) \
-            .reshape(q_len, self.heads * self.head_dim)
-
 
 class DraftDecoderLayer(nn.Module):
     def __init__(self, cfg: Qwen3Config):

@@ -273,7 +273,8 @@ class Eagle3Attention(nn.Module):
         if start:
             all_keys, all_values = all_keys[:, start:], all_values[:, start:]
         if self.kernel_attention and (cache.window is None or queries == 1) and self._kernel_fits(query, queries):
-            return self.o_proj(self._kernel_attend(query, all_keys, all_values, queries))
+            out = cpu_kernels.attend_heads(query, all_keys, all_values, queries, self.head_dim ** -0.5)  # causal
+            return self.o_proj(out)
         mask = None
         if queries > 1:
             total = all_keys.shape[1]
@@ -290,19 +291,6 @@ class Eagle3Attention(nn.Module):
     def _kernel_fits(self, query: torch.Tensor, queries: int) -> bool:
         return query.dtype == torch.float32 and query.device.type == "cpu" and not torch.is_grad_enabled() \
             and cpu_kernels.attends(self.head_dim, self.heads // self.kv_heads * queries)
-
-    def _kernel_attend(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                       queries: int) -> torch.Tensor:
-        """The causal attention of the last `queries` entries (query [queries, heads, D]) over keys/values
-        [kv_heads, T, D] on the CPU kernel: query heads folded per K/V head (row g·queries + i, as the target's
-        decoder folds them), so each key is read once for all of a head group's rows. [queries, heads·D]."""
-        groups = self.heads // self.kv_heads
-        folded = query.view(queries, self.kv_heads, groups, self.head_dim).permute(1, 2, 0, 3) \
-            .reshape(1, self.kv_heads, groups * queries, self.head_dim).contiguous()
-        out = cpu_kernels.attention(folded, keys[None], values[None], queries, self.head_dim ** -0.5)
-        return out.view(self.kv_heads, groups, queries, self.head_dim).permute(2, 0, 1, 3) \
-            .reshape(queries, self.heads * self.head_dim)
-
 
 class Eagle3Layer(nn.Module):
     """The one draft decoder layer with a 2H attention input."""

@@ -449,6 +449,23 @@ def attention(folded: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ro
     return _build().attention(folded, keys, values, rows, scale)
 
 
+def attend_heads(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: int,
+                 scale: float) -> torch.Tensor:
+    """`attention` for unfolded queries [q, heads, D] over keys/values [kv_heads, T, D]: the query heads are folded
+    per K/V head (row g·q + i, as the target's decoder folds them, so each key is read once for a head group),
+    and unfolded again → [q, heads·D]. `rows` = q: the last q positions, causal within them; `rows` = 1: every
+    query at the last position, seeing all T keys (no mask)."""
+    q_len, heads, head_dim = query.shape
+    kv_heads = keys.shape[0]
+    groups = heads // kv_heads
+    folded = query.view(q_len, kv_heads, groups, head_dim).permute(1, 2, 0, 3) \
+        .reshape(1, kv_heads, groups * q_len, head_dim).contiguous()
+    if keys.stride() != values.stride() or keys.stride(-1) != 1 or keys.stride(-2) != head_dim:
+        keys, values = keys.contiguous(), values.contiguous()  # K/V rows of D contiguous, with one stride
+    out = attention(folded, keys[None], values[None], rows, scale)
+    return out.view(kv_heads, groups, q_len, head_dim).permute(2, 0, 1, 3).reshape(q_len, heads * head_dim)
+
+
 def layer(x: torch.Tensor, weights: dict, keys: torch.Tensor, values: torch.Tensor, start: int, cos: torch.Tensor,
           sin: torch.Tensor, shape: tuple[int, int, int], eps: float, scale: float) -> torch.Tensor:
     """One decoder layer for a block x [rows, hidden] (batch 1) in one call: RMSNorm, the QKV product on the
