@@ -106,13 +106,15 @@ def test_a_decode_too_short_for_the_clock_ticks_is_unknown_not_contended(monkeyp
 
 def test_the_printed_resume_command_run_as_printed_continues_the_run(tiny_llama_dir, tmp_path):
     out = tmp_path / "interrupted"
-    # 24 samples of 400 tokens: enough left after the first stored turn that SIGINT lands mid-run even when the
-    # test process is slow to notice that turn (with 2 samples a loaded machine let the run finish first; with 6,
-    # a fast one whose tiny target decodes at 0.3 ms/token, beside another test process, did)
-    samples = 24
+    # 6 samples of 400 tokens: enough left after the first stored turn that SIGINT lands mid-run even when the
+    # test process is slow to notice that turn (with 2 samples a loaded machine let the run finish first)
+    samples = 6
     args = run_args(tiny_llama_dir, out, "--max-new-tokens", "400", "--limit", str(samples))
+    # SIGINT back to its default in the child: a test process started in the background (`nohup pytest &`)
+    # inherits SIGINT ignored, and so would the run, which then finished instead of stopping
     proc = subprocess.Popen([sys.executable, "-m", "evalsuite.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=child_env(), cwd=tmp_path)
+                            stderr=subprocess.STDOUT, text=True, env=child_env(), cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None and not any((out / "turns.parquet").glob("*.parquet")):
         time.sleep(0.02)
