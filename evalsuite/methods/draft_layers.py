@@ -215,15 +215,12 @@ class BlockAttention(nn.Module):
         k, v = self.key_values(keys_in, cos, sin)
         if cache is not None:
             k, v = cache.write(layer, k, v)
-        if self.kernel_attention and self._kernel_fits(q):
+        if self.kernel_attention and cpu_kernels.heads_fit(q, self.kv_heads):
             return self.o_proj(cpu_kernels.attend_heads(q, k, v, 1, self.scale))  # rows=1: no mask
         out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None], v[None], scale=self.scale,
                                              enable_gqa=self.heads != self.kv_heads)
         return self.o_proj(out[0].transpose(0, 1).reshape(q_len, self.heads * self.head_dim))
 
-    def _kernel_fits(self, q: torch.Tensor) -> bool:
-        return q.dtype == torch.float32 and q.device.type == "cpu" and not torch.is_grad_enabled() \
-            and cpu_kernels.attends(self.head_dim, self.heads // self.kv_heads * q.shape[0])
 
 class DraftDecoderLayer(nn.Module):
     def __init__(self, cfg: Qwen3Config):

@@ -272,7 +272,8 @@ class Eagle3Attention(nn.Module):
         start = cache.read_from(cache.length - queries)  # a window: the oldest entry the first query sees
         if start:
             all_keys, all_values = all_keys[:, start:], all_values[:, start:]
-        if self.kernel_attention and (cache.window is None or queries == 1) and self._kernel_fits(query, queries):
+        if self.kernel_attention and (cache.window is None or queries == 1) \
+                and cpu_kernels.heads_fit(query, self.kv_heads):
             out = cpu_kernels.attend_heads(query, all_keys, all_values, queries, self.head_dim ** -0.5)  # causal
             return self.o_proj(out)
         mask = None
@@ -288,9 +289,6 @@ class Eagle3Attention(nn.Module):
                                              enable_gqa=self.heads != self.kv_heads)
         return self.o_proj(out[0].transpose(0, 1).reshape(queries, self.heads * self.head_dim))
 
-    def _kernel_fits(self, query: torch.Tensor, queries: int) -> bool:
-        return query.dtype == torch.float32 and query.device.type == "cpu" and not torch.is_grad_enabled() \
-            and cpu_kernels.attends(self.head_dim, self.heads // self.kv_heads * queries)
 
 class Eagle3Layer(nn.Module):
     """The one draft decoder layer with a 2H attention input."""

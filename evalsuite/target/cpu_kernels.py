@@ -449,6 +449,14 @@ def attention(folded: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ro
     return _build().attention(folded, keys, values, rows, scale)
 
 
+def heads_fit(query: torch.Tensor, kv_heads: int) -> bool:
+    """Whether `attend_heads` takes unfolded queries [q, heads, D] over `kv_heads` K/V heads: fp32 on a CPU, no
+    autograd (training keeps torch's attention), and a shape `attention` takes."""
+    q_len, heads, head_dim = query.shape
+    return query.dtype == torch.float32 and query.device.type == "cpu" and not torch.is_grad_enabled() \
+        and attends(head_dim, heads // kv_heads * q_len)
+
+
 def attend_heads(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: int,
                  scale: float) -> torch.Tensor:
     """`attention` for unfolded queries [q, heads, D] over keys/values [kv_heads, T, D]: the query heads are folded

@@ -269,8 +269,7 @@ class TargetModel:
         drafter holds (its lm_head, embeddings) are left alone: they already run on the decoder's products. A draft
         attention module that declares `kernel_attention` (EAGLE-3's over its KV cache; the block drafters' block
         attention) is switched to evalsuite's CPU attention kernel where the decoder attends with it. Returns what
-        the drafter's products run on
-        ("panel", "panel+attention" or "torch"), for run.json."""
+        the drafter's products run on ("panel", "panel+attention" or "torch"), for run.json."""
         if self.fused is None or self.fused.products != "panel" or self.device.type != "cpu" \
                 or self.dtype != torch.float32:
             return "torch"
