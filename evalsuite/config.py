@@ -362,6 +362,15 @@ def git_commit() -> str:
         return "unknown"
 
 
+def command_line() -> list[str]:
+    """This process's command line as run.json records it: the program by its name alone (`evalsuite`, not the
+    path of the virtual environment it sits in), so a committed run names no machine's directories."""
+    argv = list(sys.argv)
+    if argv:
+        argv[0] = os.path.basename(argv[0]) or argv[0]
+    return argv
+
+
 def environment() -> dict:
     """The machine and software facts of this process (the device's own facts come from the engine)."""
     return {
@@ -370,5 +379,5 @@ def environment() -> dict:
         "versions": package_versions(),
         "git_commit": git_commit(),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "argv": sys.argv,
+        "argv": command_line(),
     }

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +125,7 @@ def run_on_ray(config, run_dir: Path, say: Callable[[str], None] = print,
     ray = import_ray()
     from ray.util import ActorPool
 
+    from evalsuite.config import command_line
     from evalsuite.run.runner import write_run_config
     from evalsuite.store.run_store import RunStore
 
@@ -151,7 +151,7 @@ def run_on_ray(config, run_dir: Path, say: Callable[[str], None] = print,
             "shared_cpu_hosts": shared, "driver_host": socket.gethostname(),
             "worker_info": [{k: w[k] for k in ("host", "device", "threads")} for w in workers],
         }
-        description["environment"]["argv"] = sys.argv
+        description["environment"]["argv"] = command_line()
         description["environment"]["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         write_run_config(RunStore(run_dir), config, description)
         pending = _get(ray, actors[0].pending_ids.remote())

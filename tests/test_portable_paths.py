@@ -30,3 +30,13 @@ def test_run_json_holds_no_repository_or_home_path(tiny_llama_dir, tmp_path):
     text = (out / "run.json").read_text()
     json.loads(text)
     assert str(REPO) + "/" not in text and str(Path.home()) + "/" not in text
+
+
+def test_the_program_is_recorded_by_its_name_wherever_its_environment_lives(monkeypatch):
+    """A run started through another checkout's virtual environment (a git worktree measuring older code with
+    the main checkout's .venv) records `evalsuite`, not that environment's path."""
+    from evalsuite.config import command_line, environment
+
+    monkeypatch.setattr("sys.argv", ["/elsewhere/main/.venv/bin/evalsuite", "run", "--out", "results/x"])
+    assert command_line() == ["evalsuite", "run", "--out", "results/x"]
+    assert environment()["argv"][0] == "evalsuite"
