@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from evalsuite.config import RunConfig
@@ -340,4 +342,42 @@ def test_the_report_has_a_closed_loop_section_live_against_replayed(native_run, 
     live = pd.read_csv(tmp_path / "report" / "tables" / "closed_loop_live_vs_replayed.csv")
     whole = live[(live.method == "ngram") & (live.context_bin == "all")].iloc[0]
     assert whole.live_decodes == 6 and whole.replayed_decodes == 2
+    assert (summary.skipped_user_turns == 0).all()
+    paired = pd.read_csv(tmp_path / "report" / "tables" / "closed_loop_live_minus_replayed.csv")
+    ngram = paired[paired.method == "ngram"].iloc[0]
+    assert ngram.entries == 1 and abs(ngram.tau_difference - (ngram.live_tau - ngram.replayed_tau)) < 1e-12
+    assert np.isnan(ngram.tau_low) and "undecided (n = 1)" in page  # one entry: no interval, no claim
     assert report.out == tmp_path / "report"
+
+
+def _turn_rows(source: str, taus: dict, seconds: float) -> pd.DataFrame:
+    """Decoded turns of one drafting method: per entry two turns of 10 verify steps at the given τ."""
+    rows = [{"method": "dlite", "source": source, "sample_id": entry, "turn": turn, "tau": tau, "steps": 10,
+             "context_len": 7000, "stop_reason": "eos", "ar_decode_s": 1.0, "ar_new_tokens": 20,
+             "decode_s": seconds, "new_tokens": 20} for entry, tau in taus.items() for turn in (0, 1)]
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("live_taus,reading", [
+    ({f"e{i}": 1.3 + 0.05 * i for i in range(6)}, "lower live"),
+    ({f"e{i}": 1.6 + 0.05 * i for i in range(6)}, "no difference shown"),
+    ({f"e{i}": 1.9 + 0.05 * i for i in range(6)}, "higher live")])
+def test_live_against_replayed_is_paired_by_entry_and_claims_only_what_its_interval_shows(monkeypatch, live_taus,
+                                                                                        reading):
+    """The entries differ a lot from one another (τ 1.6 … 1.85 replayed) but each live loop sits a fixed 0.3
+    below, level with, or above its own replay: paired by entry, the interval is narrow and its side decides."""
+    from types import SimpleNamespace
+
+    from evalsuite.report import closed_loop
+
+    replayed = {f"e{i}": 1.6 + 0.05 * i for i in range(6)}
+    frame = pd.concat([_turn_rows("live", live_taus, 0.8), _turn_rows("replayed", replayed, 0.5)], ignore_index=True)
+    monkeypatch.setattr(closed_loop, "_live_and_replayed", lambda results, run, rows: frame)
+    rows = pd.DataFrame({"task": ["bfcl-v3 closed"]})
+    table = closed_loop.live_minus_replayed(None, SimpleNamespace(key="r"), rows, seed=0, n_resamples=500)
+    row = table.iloc[0]
+    assert row.entries == 6
+    shift = np.mean(list(live_taus.values())) - np.mean(list(replayed.values()))
+    assert row.tau_difference == pytest.approx(shift) and row.tau_low <= shift <= row.tau_high
+    assert closed_loop._reading(row) == reading
+    assert row.speedup_ratio == pytest.approx(0.5 / 0.8)  # (ar/live) ÷ (ar/replayed) with equal tokens

@@ -162,7 +162,7 @@ def write_report(paths: list[Path], out: Path, formats: set[str] = frozenset(FOR
     if span_items:  # runs holding span labels (docs/spans.md): after the cost section
         sections.insert(3, Section("spans", "Acceptance by span type and by copying", span_items))
     report.files, report.notes = report.files + span_files, report.notes + span_notes
-    closed_items = closed_loop_section(results)
+    closed_items = closed_loop_section(results, seed, n_resamples)
     if closed_items:  # --replay closed runs (BFCL-v3 live agent loops): before the details
         sections.insert(len(sections) - 2, Section("closed_loop", "Closed agent loop: live tool calls", closed_items))
     for section in sections:

@@ -26,6 +26,7 @@ import pandas as pd
 
 from evalsuite import metrics
 from evalsuite.conventions import BASELINE
+from evalsuite.report import stats
 
 CLOSED = "closed"
 CONTEXT_EDGES = (0, 6_000, 8_000, 12_000, 16_000, 24_000, np.inf)
@@ -36,6 +37,8 @@ SUMMARY_COLUMNS = ["task", "method", "entries", "user_turns", "decodes", "calls"
                    "solved", "scored", "same_as_ar"]
 STEP_COLUMNS = ["task", "method", "step", "decodes", "context_mean", "growth_mean", "result_bytes_mean", "tau",
                 "speedup"]
+DIFFERENCE_COLUMNS = ["task", "method", "entries", "live_tau", "replayed_tau", "tau_difference", "tau_low", "tau_high",
+                      "live_speedup", "replayed_speedup", "speedup_ratio", "ratio_low", "ratio_high"]
 LIVE_COLUMNS = ["task", "method", "context_bin", "live_decodes", "live_tau", "live_speedup", "replayed_decodes",
                 "replayed_tau", "replayed_speedup"]
 
@@ -80,6 +83,19 @@ def loop_rows(results, run) -> pd.DataFrame:
     rows = rows.sort_values(["method", "sample_id", "turn"]).reset_index(drop=True)
     rows["growth"] = rows.groupby(["method", "sample_id"]).context_len.diff()
     return rows
+
+
+def skipped_user_turns(run) -> pd.DataFrame:
+    """Per method: user turns none of whose decodes ran (every one skipped at the context limit), which the
+    summary's user turns and shares leave out; [task, method, skipped_user_turns]."""
+    from evalsuite.replay.closed import read_tool_calls
+
+    tools = read_tool_calls(run.path)
+    if tools.empty or "stop" not in tools.columns:
+        return pd.DataFrame(columns=["task", "method", "skipped_user_turns"])
+    skipped = (tools.stop == "skipped").groupby([tools.method, tools.sample_id, tools.user_turn]).all()
+    counts = skipped.groupby(level="method").sum().astype(int)
+    return pd.DataFrame({"task": run.task_label, "method": counts.index, "skipped_user_turns": counts.to_numpy()})
 
 
 def summary(rows: pd.DataFrame) -> pd.DataFrame:
@@ -137,9 +153,9 @@ def context_bin(length: float) -> str:
     return "?"
 
 
-def live_vs_replayed(results, run, rows: pd.DataFrame) -> pd.DataFrame:
-    """Per drafting method × context bin: the closed run's τ and speedup, and the logged runs' on the same
-    entries."""
+def _live_and_replayed(results, run, rows: pd.DataFrame) -> pd.DataFrame:
+    """The closed run's decoded turns (source "live") and the logged runs' turns on the same entries (source
+    "replayed"), drafting methods only, with per-turn τ, steps and the paired speedup columns."""
     logged = [r for r in results.runs if r.config.get("replay") in ("logged", "auto") and
               r.config.get("task") == run.config.get("task") and r.config.get("subset") == run.config.get("subset")
               and r.config.get("temperature") == run.config.get("temperature")]
@@ -152,7 +168,13 @@ def live_vs_replayed(results, run, rows: pd.DataFrame) -> pd.DataFrame:
         if len(turns):
             replayed.append(metrics.per_turn(steps, turns))
     both = [live] + [r[r.method != BASELINE].assign(source="replayed") for r in replayed]
-    frame = pd.concat(both, ignore_index=True)
+    return pd.concat(both, ignore_index=True)
+
+
+def live_vs_replayed(results, run, rows: pd.DataFrame) -> pd.DataFrame:
+    """Per drafting method × context bin: the closed run's τ and speedup, and the logged runs' on the same
+    entries."""
+    frame = _live_and_replayed(results, run, rows)
     if frame.empty:
         return pd.DataFrame(columns=LIVE_COLUMNS)
     frame["context_bin"] = frame.context_len.map(context_bin)
@@ -174,11 +196,79 @@ def live_vs_replayed(results, run, rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(records, columns=LIVE_COLUMNS)
 
 
+def _entry_sums(part: pd.DataFrame, entries: list) -> np.ndarray:
+    """[n_entries, 6] per entry: Σ τ·steps, Σ steps (τ pooled over verify steps), then the paired speedup's sums
+    (AR seconds, AR tokens, method seconds, method tokens) over its paired decodes; zeros where it has none."""
+    steps = part.steps.fillna(0)
+    tau = pd.DataFrame({"tokens": part.tau.fillna(0) * steps, "steps": steps, "sample_id": part.sample_id})
+    sums = tau.groupby("sample_id").sum().reindex(entries, fill_value=0)
+    pairs = metrics.paired(part)
+    speed = pairs.groupby("sample_id")[metrics.SPEEDUP_COLUMNS].sum().reindex(entries, fill_value=0)
+    return np.hstack([sums.to_numpy(float), speed.to_numpy(float)])
+
+
+def _tau_and_speedup(sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (metrics.tau_ratio(sums[..., 0], sums[..., 1]),
+                metrics.speedup_ratio(sums[..., 2], sums[..., 3], sums[..., 4], sums[..., 5]))
+
+
+def live_minus_replayed(results, run, rows: pd.DataFrame, seed: int, n_resamples: int) -> pd.DataFrame:
+    """Per drafting method: live τ − replayed τ and live speedup ÷ replayed speedup over the entries both ran,
+    each with a 95 % percentile bootstrap interval resampling whole entries (an entry's live loop and its replay
+    drawn together, so the comparison is paired by entry)."""
+    frame = _live_and_replayed(results, run, rows)
+    records = []
+    for method, group in frame.groupby("method", sort=True):
+        live, replayed = group[group.source == "live"], group[group.source == "replayed"]
+        entries = sorted(set(live.sample_id) & set(replayed.sample_id))
+        if not entries:
+            continue
+        per_entry = np.stack([_entry_sums(live, entries), _entry_sums(replayed, entries)], axis=1)  # [n, 2, 6]
+
+        def statistic(totals: np.ndarray) -> np.ndarray:
+            tau, speed = _tau_and_speedup(totals)  # [..., 2]: live, replayed
+            return np.stack([tau[..., 0] - tau[..., 1], speed[..., 0] / speed[..., 1]], axis=-1)
+
+        point = statistic(per_entry.sum(axis=0))
+        enough = len(entries) >= stats.MIN_INTERVAL_TRAJECTORIES
+        low, high = stats.bootstrap_ci(per_entry, statistic, stats.cell_seed(seed, run.key, method, "live-replayed"),
+                                       n_resamples) if enough else (np.full(2, np.nan), np.full(2, np.nan))
+        tau, speed = _tau_and_speedup(per_entry.sum(axis=0))
+        records.append({"task": rows.task.iloc[0], "method": method, "entries": len(entries),
+                        "live_tau": tau[0], "replayed_tau": tau[1], "tau_difference": point[0],
+                        "tau_low": low[0], "tau_high": high[0], "live_speedup": speed[0], "replayed_speedup": speed[1],
+                        "speedup_ratio": point[1], "ratio_low": low[1], "ratio_high": high[1]})
+    return pd.DataFrame(records, columns=DIFFERENCE_COLUMNS)
+
+
+def _reading(row) -> str:
+    """Which way the interval points: a difference is claimed only where its interval excludes no-difference."""
+    if np.isnan(row.tau_low):
+        return f"undecided (n = {row.entries})"
+    if row.tau_low > 0:
+        return "higher live"
+    if row.tau_high < 0:
+        return "lower live"
+    return "no difference shown"
+
+
+def _signed(value: float) -> str:
+    """+0.12; a value that two decimals would print as ±0.00 gets a third, so the sign the reading rests on shows."""
+    return f"{value:+.3f}" if value != 0 and round(value, 2) == 0 else f"{value:+.2f}"
+
+
+def _interval(low: float, high: float, signed: bool = False) -> str:
+    if np.isnan(low) or np.isnan(high):
+        return "–"
+    return f"[{_signed(low)}, {_signed(high)}]" if signed else f"[{low:.2f}, {high:.2f}]"
+
+
 def _pct(value) -> str:
     return "–" if value is None or (isinstance(value, float) and np.isnan(value)) else f"{100 * value:.0f} %"
 
 
-def closed_loop_section(results) -> list:
+def closed_loop_section(results, seed: int = 0, n_resamples: int = stats.DEFAULT_RESAMPLES) -> list:
     """The section's items (paragraphs and tables); [] when no input run is a closed loop."""
     from evalsuite.report.formatting import Cell, Table
 
@@ -196,17 +286,23 @@ def closed_loop_section(results) -> list:
              "each decode of the loop is one turn of the records. Solved: BFCL's state-based multi-turn check "
              "(bfcl-eval's state and response checkers against possible_answer)."]
     table = summary(rows)
-    body = [[Cell(r.task), Cell(r.method), Cell(int(r.entries)), Cell(int(r.user_turns)), Cell(int(r.decodes)),
+    skipped = pd.concat([skipped_user_turns(run) for run in runs], ignore_index=True)
+    table["skipped_user_turns"] = table.merge(skipped, on=["task", "method"], how="left").skipped_user_turns \
+        .fillna(0).astype(int).to_numpy()
+    body = [[Cell(r.task), Cell(r.method), Cell(int(r.entries)), Cell(int(r.user_turns)),
+             Cell(int(r.skipped_user_turns)), Cell(int(r.decodes)),
              Cell(int(r.calls)), Cell(int(r.executed)), Cell(int(r.refused)), Cell(int(r.execution_errors)),
              Cell(int(r.parse_errors)), Cell(_pct(r.turns_executing_share)),
              Cell(_pct(r.turns_executing_tagged_share)), Cell(r.calls_per_user_turn),
              Cell(r.result_bytes, unit="bytes"), Cell(f"{int(r.solved)} / {int(r.scored)}"),
              Cell(_pct(r.same_as_ar))] for r in table.itertuples(index=False)]
     items.append(Table("closed_loop", "Closed loop: what the live agent did",
-                       ["Task", "Method", "entries", "user turns", "decodes", "calls", "executed", "refused",
+                       ["Task", "Method", "entries", "user turns", "skipped", "decodes", "calls", "executed", "refused",
                         "exec. errors", "parse errors", "turns executing", "… tagged", "calls / turn",
                         "result bytes", "solved", "same as ar"], body,
-                       ["turns executing: user turns with ≥ 1 executed call and no parse error in the turn; "
+                       ["user turns: those with ≥ 1 decode run; skipped: user turns whose every decode was "
+                        "skipped at the context limit (the context had outgrown the window), left out of the shares",
+                        "turns executing: user turns with ≥ 1 executed call and no parse error in the turn; "
                         "… tagged: counting only calls in the template's own <tool_call> tags",
                         "refused: native calls that failed their tool's schema (not executed, an error "
                         "observation); exec. errors: executed calls whose backend raised or returned an error",
@@ -240,4 +336,21 @@ def closed_loop_section(results) -> list:
                                   "ground-truth calls as assistant turns, no tool results)",
                                   "context bins by the decode's context tokens"], live,
                            groups=[("", 3), ("live", 3), ("replayed", 3)]))
+    difference = pd.concat([live_minus_replayed(results, run, rows[rows.task == run.task_label], seed, n_resamples)
+                            for run in runs if (rows.task == run.task_label).any()], ignore_index=True)
+    if not difference.empty:
+        body = [[Cell(r.task), Cell(r.method), Cell(int(r.entries)), Cell(r.live_tau), Cell(r.replayed_tau),
+                 Cell(_signed(r.tau_difference)), Cell(_interval(r.tau_low, r.tau_high, signed=True)),
+                 Cell(r.speedup_ratio), Cell(_interval(r.ratio_low, r.ratio_high)), Cell(_reading(r))]
+                for r in difference.itertuples(index=False)]
+        items.append(Table("closed_loop_live_minus_replayed", "Closed loop: live against replayed, paired by entry",
+                           ["Task", "Method", "entries", "live τ", "replayed τ", "τ live − replayed", "95 % CI",
+                            "speedup live ÷ replayed", "95 % CI", "τ reading"], body,
+                           ["τ pooled over verify steps (bonus included), speedup pooled over the paired decodes, "
+                            "each over the entries both the closed run and its logged replay ran",
+                            "95 % CI: percentile bootstrap resampling whole entries, an entry's live loop and its "
+                            "replay drawn together (paired by entry); none below "
+                            f"{stats.MIN_INTERVAL_TRAJECTORIES} entries",
+                            "τ reading: higher/lower live where the interval of the difference excludes 0; "
+                            "otherwise no difference is shown (which is not a shown equality)"], difference))
     return items
