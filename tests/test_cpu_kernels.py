@@ -57,7 +57,8 @@ def _reference_attention(folded, keys, values, rows, scale):
                                           attn_mask=allowed.repeat(folded.shape[2] // rows, 1))
 
 
-@pytest.mark.parametrize("kv_heads,groups,dim", [(3, 3, 64), (2, 7, 64), (2, 4, 128), (1, 2, 32), (2, 2, 16), (1, 16, 64)])
+@pytest.mark.parametrize("kv_heads,groups,dim", [(3, 3, 64), (2, 7, 64), (2, 4, 128), (1, 2, 32), (2, 2, 16), (1, 16, 64),
+                                                 (1, 5, 64), (1, 6, 64), (2, 3, 128)])
 def test_attention_matches_sdpa_under_the_blocks_causal_mask(kv_heads, groups, dim):
     """Decodes and blocks of 2 … 8 rows (up to 128 folded rows) over contexts shorter than a tile, across chunk
     edges and long enough to be split over the threads; the keys are views of a larger buffer, as the cache's."""

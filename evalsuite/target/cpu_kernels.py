@@ -160,14 +160,17 @@ static inline V vexp(V x) {  // e^x for x <= 0 (rel. error ~1e-7); lanes below -
 
 
 // One (batch, kv head, key chunk): the softmax state (max m, sum l, unnormalised output acc) of all R folded query
-// rows over keys [t0, t1), online over tiles of 16 keys. Vectorised over the rows (lanes of RV vectors: R <= 16 RV),
-// so each key is read once for every row and no dot product needs a horizontal sum; the scores of KS keys at a time
+// rows over keys [t0, t1), online over tiles of 16 keys. Vectorised over the rows (lanes of RV vectors V: R <= RV ×
+// V's lanes), so each key is read once for every row and no dot product needs a horizontal sum; the scores of KS keys at a time
 // stay in registers (KS * RV accumulators), with q transposed once. V: the lane vector (8 lanes for up to 8 rows:
-// two 256-bit FMAs per cycle where a 512-bit one is split in two, as on AMD Zen 4).
+// two 256-bit FMAs per cycle where a 512-bit one is split in two, as on AMD Zen 4). The lane count is picked per
+// folded row count so that few lanes go unused: 24 rows (SmolLM2's 3 query heads per K/V head × an 8-token block)
+// as 3 × 8 lanes, not 2 × 16; 56 (Qwen2.5-0.5B's 7 × 8) as 7 × 8, not 4 × 16. Each lane's arithmetic is the same
+// either way, so the result is too, bit for bit.
 template <int DV, int RV, typename V, typename VI>
 static void attend_chunk(const float* q, int64_t R, const float* k, const float* v, int64_t ldkv, int64_t t0,
                               int64_t t1, int64_t T, int64_t rows, float scale, float* m, float* l, float* acc) {
-  constexpr int64_t D = DV * 16, LN = sizeof(V) / sizeof(float), KS = RV >= 8 ? 2 : 16 / RV, W = RV * LN;
+  constexpr int64_t D = DV * 16, LN = sizeof(V) / sizeof(float), KS = RV >= 5 ? 2 : RV >= 3 ? 4 : 16 / RV, W = RV * LN;
   alignas(64) float qt[D][W];  // q transposed and scaled; lanes past R are zero
   for (int64_t d = 0; d < D; ++d)
     for (int64_t r = 0; r < W; ++r) qt[d][r] = r < R ? q[r * D + d] * scale : 0.f;
@@ -268,7 +271,10 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64
 #define EVALSUITE_ATTEND(DV) \
       if (R <= 8) attend_chunk<DV, 1, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
       else if (R <= 16) attend_chunk<DV, 1, v16, vi16>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
+      else if (R <= 24) attend_chunk<DV, 3, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
       else if (R <= 32) attend_chunk<DV, 2, v16, vi16>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
+      else if (R <= 48) attend_chunk<DV, 3, v16, vi16>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
+      else if (R <= 56) attend_chunk<DV, 7, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
       else if (R <= 64) attend_chunk<DV, 4, v16, vi16>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
       else attend_chunk<DV, 8, v16, vi16>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc);
       if (D == 64) { EVALSUITE_ATTEND(4) } else if (D == 128) { EVALSUITE_ATTEND(8) } else if (D == 32) { EVALSUITE_ATTEND(2) } else { EVALSUITE_ATTEND(1) }
