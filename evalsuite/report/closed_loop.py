@@ -254,8 +254,9 @@ def _reading(row) -> str:
 
 
 def _signed(value: float) -> str:
-    """+0.12; a value that two decimals would print as ±0.00 gets a third, so the sign the reading rests on shows."""
-    return f"{value:+.3f}" if value != 0 and round(value, 2) == 0 else f"{value:+.2f}"
+    """+0.12; a value that two decimals would print as ±0.00 gets two significant digits (-0.0003), so the sign
+    and the size the reading rests on both show."""
+    return f"{value:+.2g}" if value != 0 and round(value, 2) == 0 else f"{value:+.2f}"
 
 
 def _interval(low: float, high: float, signed: bool = False) -> str:
