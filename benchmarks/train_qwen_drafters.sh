@@ -23,6 +23,13 @@
 # the drafters this invocation trains and evaluates: once the data stage is done, two invocations with disjoint
 # METHODS and THREADS=1 train two drafters at once (a drafter's step is bound by more than its two threads' FLOPs);
 # METHODS=none runs only the data stage; SKIP_DATA=1 skips it (an evaluation of a finished drafter needs no features).
+# A domain fine-tune of drafters already trained (the cheaper recipe for the GSM8K target): INIT=DIR warm-starts each
+# drafter from DIR/<method> (e.g. baselines/drafters/qwen2.5-coder-0.5b) at peak lr INIT_LR (default 0.001; DLite
+# then skips its head warm start), and MATH_ONLY=1 keeps only the math-like chat prompts of the same selection
+# (--math-only: 325 of 911, no agent contexts, so the feature pass takes ~25 min instead of ~100). Give it its own
+# OUT_ROOT and WORK_DIR, e.g.
+#   INIT=baselines/drafters/qwen2.5-coder-0.5b MATH_ONLY=1 DLITE_STEPS=1500 METHODS=dlite \
+#     bash benchmarks/train_qwen_drafters.sh runs/qwen-drafters-math runs/qwen-drafters-math/work
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/qwen-drafters}
@@ -44,6 +51,14 @@ DATA=(--target qwen2.5-coder-0.5b
       --work-dir "$WORK" --num-prompts 600 --math-prompts 400 --max-new-tokens 256 --gen-batch 64
       --min-prompt-tokens 2048 --max-prompt-tokens 12288 --max-per-trajectory 16 --max-trajectories 12
       --max-seq-len 1024 --agent-labels logged)
+if [ "${MATH_ONLY:-0}" = 1 ]; then DATA+=(--math-only); fi
+warm() {  # warm NAME: the warm-start options of drafter NAME when INIT is set (none otherwise)
+  WARM=()
+  if [ -n "${INIT:-}" ]; then
+    WARM=(--init "$INIT/$1" --set "lr=${INIT_LR:-0.001}")
+    if [ "$1" = dlite ]; then WARM+=(--set head_warm_start_steps=0); fi
+  fi
+}
 mkdir -p "$OUT"
 # The target-regenerated replies are the slowest part of the data stage (about 1 h 20 min on a 2-core CPU) and small:
 # they are committed as they come (SEED), and a fresh work directory starts from them; the stage then regenerates
@@ -106,23 +121,31 @@ if [ "${SKIP_DATA:-0}" != 1 ]; then
 fi
 # DLite single-stage (the recipe that measured better than two-stage at a CPU budget, baselines/drafters/README.md)
 load_steps
+warm dlite
 stage dlite $EVALSUITE train --method dlite --out "$OUT/dlite" --steps "${DLITE_STEPS:-6000}" \
   --set single_stage=true --set layers=2 --set intermediate_size=128 --set rank=20 \
-  --set batch_seqs=4 --set anchors_per_seq=16 --threads "$THREADS" "${DATA[@]}"
+  --set batch_seqs=4 --set anchors_per_seq=16 --threads "$THREADS" \
+  "${DATA[@]}" ${WARM[@]+"${WARM[@]}"}
 evaluate dlite
 load_steps
+warm eagle3
 stage eagle3 $EVALSUITE train --method eagle3 --out "$OUT/eagle3" --steps "${EAGLE3_STEPS:-2400}" \
-  --set intermediate_size=256 --set draft_vocab_size=2048 --set batch_seqs=1 --threads "$THREADS" "${DATA[@]}"
+  --set intermediate_size=256 --set draft_vocab_size=2048 --set batch_seqs=1 --threads "$THREADS" \
+  "${DATA[@]}" ${WARM[@]+"${WARM[@]}"}
 evaluate eagle3
 load_steps
+warm dspark
 stage dspark $EVALSUITE train --method dspark --out "$OUT/dspark" --steps "${DSPARK_STEPS:-5000}" \
   --set layers=1 --set intermediate_size=384 --set markov_rank=2 --set train_vocab_top=8 \
-  --set batch_seqs=4 --set anchors_per_seq=16 --threads "$THREADS" "${DATA[@]}"
+  --set batch_seqs=4 --set anchors_per_seq=16 --threads "$THREADS" \
+  "${DATA[@]}" ${WARM[@]+"${WARM[@]}"}
 evaluate dspark
 load_steps
+warm dflash
 stage dflash $EVALSUITE train --method dflash --out "$OUT/dflash" --steps "${DFLASH_STEPS:-5000}" \
   --set layers=1 --set intermediate_size=384 --set train_vocab_top=8 \
-  --set batch_seqs=4 --set anchors_per_seq=16 --threads "$THREADS" "${DATA[@]}"
+  --set batch_seqs=4 --set anchors_per_seq=16 --threads "$THREADS" \
+  "${DATA[@]}" ${WARM[@]+"${WARM[@]}"}
 evaluate dflash
 echo "[$(date -u +%FT%TZ)] drafters $METHODS done in $OUT"
 du -cb "$OUT"/*/model.safetensors 2>/dev/null || true

@@ -730,6 +730,9 @@ def train(
     math_prompts: int = typer.Option(400, help="Extra math-like first-turn prompts taken from the rest of the "
                                                "pool after the main selection (word problems are rare in "
                                                "ShareGPT)."),
+    math_only: bool = typer.Option(False, "--math-only", help="Keep only the math-like chat prompts of the selection "
+                                                              "(a domain fine-tune with --init; no agent contexts, "
+                                                              "so the feature pass is short)."),
     max_new_tokens: int = typer.Option(256, help="Reply length cap when the target regenerates the replies."),
     max_prompt_tokens: int = typer.Option(384, help="Longer rendered prompts are skipped; also the largest "
                                                     "context cut from an agent trajectory (e.g. 8192 for long "
@@ -780,7 +783,8 @@ def train(
         work_dir=work_dir, steps=steps, overrides=overrides,
         prompts=PromptOptions(num_prompts=num_prompts, seed=seed, extra_math_prompts=math_prompts,
                               min_context_tokens=min_prompt_tokens, max_context_tokens=max_prompt_tokens,
-                              max_per_trajectory=max_per_trajectory, max_trajectories=max_trajectories),
+                              max_per_trajectory=max_per_trajectory, max_trajectories=max_trajectories,
+                              math_only=math_only),
         max_seq_len=max_seq_len,
         generation=GenerationOptions(max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
                                      batch_size=gen_batch, agent_labels=agent_labels),

@@ -78,6 +78,36 @@ def test_extra_math_prompts_come_after_an_unchanged_main_selection(tmp_path, hel
     assert not {c.conv_id for c in extra} & {c.conv_id for c in main.conversations}
 
 
+def test_math_only_keeps_the_math_like_prompts_of_an_unchanged_selection(tmp_path, heldout):
+    path = tmp_path / "mixed.jsonl"
+    chat = [{"prompt": f"Tell me a short story about a {animal} who learns to sing."}
+            for animal in ("cat", "dog", "fox", "owl")]
+    math = [{"prompt": f"A shop sells {n} pens each day. How many pens does it sell in {n + 3} days?"}
+            for n in range(2, 5)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in chat + math))
+    full = mixture.select_prompts([str(path)], heldout, data.PromptOptions(num_prompts=7))
+    subset = full.math_subset()
+    assert [c.conv_id for c in subset.conversations] == [c.conv_id for c in full.conversations
+                                                         if c.messages[-1][1].endswith(data.MATH_SUFFIX)]
+    assert len(subset.conversations) == 3 and all("pens" in c.messages[-1][1] for c in subset.conversations)
+    assert subset.stats["subset"]["kept"] == 3 and subset.stats["subset"]["of"] == 7
+    assert {k: v for k, v in subset.stats.items() if k != "subset"} == full.stats
+
+
+def test_math_only_leaves_the_default_work_dir_keys_unchanged(tmp_path):
+    from types import SimpleNamespace
+
+    from evalsuite.train.pipeline import TrainRequest, work_dir_for
+
+    target = SimpleNamespace()
+    base = dict(method="dlite", target="default", data=["sharegpt"], out=tmp_path / "out", work_dir=None, steps=1,
+                overrides={})
+    plain = work_dir_for(TrainRequest(**base, prompts=data.PromptOptions()), target, "sha")
+    again = work_dir_for(TrainRequest(**base, prompts=data.PromptOptions(math_only=False)), target, "sha")
+    math = work_dir_for(TrainRequest(**base, prompts=data.PromptOptions(math_only=True)), target, "sha")
+    assert plain == again and math != plain
+
+
 def test_bad_training_records_are_one_line_errors(tmp_path):
     from evalsuite.errors import UserError
 

@@ -80,6 +80,9 @@ class PromptOptions:
     # trajectory are prefixes of each other, so the feature pass costs one forward per trajectory (features.py):
     # with long contexts, few trajectories with many cuts cost far less than many with one each.
     max_trajectories: int = 0
+    # True: keep only the math-like chat prompts of the selection (those given MATH_SUFFIX): a domain fine-tune of a
+    # released drafter (`evalsuite train --init ... --math-only`), whose feature pass skips the agent contexts.
+    math_only: bool = False
 
 
 # ---- sources ---------------------------------------------------------------------------------------------------
@@ -324,6 +327,12 @@ def is_math_like(text: str) -> bool:
     return bool(_MATH_WORDS.search(text)) and bool(re.search(r"\d", text)) and "```" not in text and len(text) < 800
 
 
+def is_math_prompt(conv: Conversation) -> bool:
+    """Whether the selection took `conv` as a math-like prompt: a chat cut at its first user turn, whose text it
+    gave the math suffix (agent contexts and second-turn cuts never get it)."""
+    return not conv.logged_reply and len(conv.messages) == 1 and conv.messages[-1][1].endswith(MATH_SUFFIX)
+
+
 def _usable(text: str, options: PromptOptions) -> bool:
     if not text or len(text) > options.max_chars:
         return False
@@ -342,6 +351,14 @@ class PromptSet:
                 if conv.logged_reply:
                     record["logged_reply"] = json.loads(conv.logged_reply)
                 fh.write(json.dumps(record) + "\n")
+
+    def math_subset(self) -> "PromptSet":
+        """The math-like first-turn chat prompts only (the selection's order kept); the rule and counts go into
+        the stats beside the full selection's."""
+        kept = [c for c in self.conversations if is_math_prompt(c)]
+        subset = {"rule": "the math-like chat prompts of the selection (first user turn given the math suffix)",
+                  "kept": len(kept), "of": len(self.conversations)}
+        return PromptSet(kept, {**self.stats, "subset": subset})
 
     @staticmethod
     def read(path: Path) -> list[Conversation]:

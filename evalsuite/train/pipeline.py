@@ -76,6 +76,8 @@ def work_dir_for(request: TrainRequest, target: TargetModel, target_sha: str) ->
     prompts = asdict(request.prompts)
     if not prompts["max_trajectories"]:
         del prompts["max_trajectories"]  # added later: keys of work dirs made before it stay the same
+    if not prompts["math_only"]:
+        del prompts["math_only"]  # likewise
     key = json.dumps({"target": target_sha, "data": request.data, "prompts": prompts,
                       "generation": asdict(request.generation), "extra": [str(p) for p in request.heldout_extra],
                       **({"max_seq_len": request.max_seq_len} if request.max_seq_len else {})}, sort_keys=True)
@@ -102,6 +104,11 @@ def prepare_data(request: TrainRequest, target: TargetModel, target_sha: str, la
             reporter.say("building the held-out list from every registered evaluation task …")
             heldout = data_mod.build_heldout(request.heldout_extra)
             selected = mixture.select_prompts(request.data, heldout, request.prompts)
+            if request.prompts.math_only:
+                selected = selected.math_subset()
+                if not selected.conversations:
+                    raise UserError(f"--math-only: none of the prompts selected from {','.join(request.data)} is "
+                                    "math-like (a first user turn with a word problem)")
             write_json(heldout_path, {"summary": heldout.summary(), "selection": selected.stats,
                                       "extra_paths": [str(p) for p in request.heldout_extra],
                                       "samples": heldout.samples})
