@@ -227,7 +227,17 @@ def test_init_warm_starts_from_a_released_checkpoint(setup, tmp_path, method):
     req.overrides, req.init = overrides, first
     report = train(req)
     assert report["init"]["checkpoint_sha256"] == checkpoint_sha256(first)
-    assert checkpoint_sha256(first) in (second / "MODEL_CARD.md").read_text()
+    assert report["init"]["prior"]["steps"] == 4 and report["init"]["prior"]["training_seconds"] > 0
+    card = (second / "MODEL_CARD.md").read_text()
+    assert checkpoint_sha256(first) in card and "itself trained 4 steps in" in card
+
+    # a chain of warm starts: the card sums the training behind it
+    third = tmp_path / "third"
+    req = request(setup, method, third, steps=2)
+    req.overrides, req.init = overrides, second
+    report = train(req)
+    assert report["init"]["prior"]["steps"] == 2 and report["init"]["prior"]["init"]["prior"]["steps"] == 4
+    assert "itself trained 6 steps in" in (third / "MODEL_CARD.md").read_text()
 
 
 def test_init_refuses_another_method_and_the_two_stage_dlite(setup, tmp_path):

@@ -14,6 +14,20 @@ REPORT = "training_report.json"
 CARD = "MODEL_CARD.md"
 
 
+def _prior(init: dict) -> str:
+    """The training behind a warm start, as far as its report says (a chain of warm starts is summed)."""
+    steps, wall, cpu, prior = 0, 0.0, 0.0, init.get("prior")
+    while prior:
+        steps += prior.get("steps") or 0
+        wall += prior.get("training_seconds") or 0.0
+        cpu = None if cpu is None or prior.get("training_cpu_seconds") is None else cpu + prior["training_cpu_seconds"]
+        prior = (prior.get("init") or {}).get("prior")
+    if not steps:
+        return ""
+    return (f", itself trained {steps} steps in {wall / 60:.1f} min"
+            + (f" ({cpu / 60:.1f} CPU-minutes)" if cpu else "") + ": this card's steps come on top")
+
+
 def _cpu_clause(report: dict) -> str:
     """The training process's CPU time beside its wall time (which counts pauses and a shared CPU too)."""
     cpu = report.get("training_cpu_seconds")
@@ -87,7 +101,7 @@ def write_model_card(out_dir: Path, report: dict, config: dict) -> Path:
     ]
     if report.get("init"):
         lines.insert(len(lines) - 1, f"- warm start (`--init`): the released checkpoint `{report['init']['from']}` "
-                                     f"(drafter sha256 `{report['init']['checkpoint_sha256']}`)")
+                                     f"(drafter sha256 `{report['init']['checkpoint_sha256']}`){_prior(report['init'])}")
     for stage in report["stages"]:
         lines.append(f"  - {stage['name']}: {stage['steps']} steps, peak lr {stage['lr']}, "
                      f"{stage['batch_seqs']} sequences × {stage['anchors_per_seq']} anchors per step")

@@ -158,10 +158,26 @@ class Recipe:
         module, left_out = self.released_module()
         state = load_state_dict(directory, device=next(module.parameters()).device)
         load_weights(module, state, f"--init {directory.name} ({self.method})", optional=left_out)
-        return {"from": directory.name, "checkpoint_sha256": checkpoint_sha256(directory)}
+        return init_record(directory)
 
     def describe(self) -> dict:
         return {}
+
+
+def init_record(directory: Path) -> dict:
+    """What a warm start came from: the checkpoint's directory name and sha256 and, when its training report is
+    beside it, the training behind it (steps, wall and CPU seconds), so that a fine-tune's card can state the
+    drafter's whole cost."""
+    from evalsuite.methods.checkpoints import checkpoint_sha256
+
+    record = {"from": directory.name, "checkpoint_sha256": checkpoint_sha256(directory)}
+    report = directory / "training_report.json"
+    if report.exists():
+        prior = json.loads(report.read_text())
+        record["prior"] = {"steps": prior.get("steps"), "training_seconds": prior.get("training_seconds"),
+                           "training_cpu_seconds": prior.get("training_cpu_seconds"),
+                           "init": prior.get("init")}
+    return record
 
 
 RECIPES: dict[str, type[Recipe]] = {}
