@@ -277,3 +277,17 @@ def test_where_a_drafters_products_ran_is_a_per_method_drift_field():
     added = resumed_config(now, {**now, "methods": [*now["methods"], "eagle3"],
                                  "draft_products": {**now["draft_products"], "eagle3": "panel+attention"}})
     assert added["draft_products"]["eagle3"] == "panel+attention" and added["draft_products"]["dlite"] == "panel"
+
+
+def test_a_build_baton_left_by_a_killed_builder_does_not_hang_the_next_run():
+    """torch's build baton (`lock`) outlives a builder killed mid-build; the next process must clear it and load
+    the kernels instead of waiting on it forever (a run then hung silently at its start)."""
+    import subprocess
+    import sys
+
+    baton = cpu_kernels.build_directory() / "lock"
+    baton.touch()
+    code = "from evalsuite.target import cpu_kernels; print(cpu_kernels.available())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.stdout.strip() == "True", done.stderr[-2000:]
+    assert not baton.exists()

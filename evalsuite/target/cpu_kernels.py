@@ -32,6 +32,7 @@ Where it cannot be built, `available()` is False and `reason()` says why (the ru
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import shutil
@@ -395,6 +396,32 @@ torch::Tensor layer(torch::Tensor x, torch::Tensor norm1, torch::Tensor qkv_p, c
 """
 
 
+def build_directory():
+    """Where the kernels are built and cached: one directory per CPU model, torch version and source."""
+    tag = hashlib.sha256((cpu_model() + torch.__version__ + _SOURCE).encode()).hexdigest()[:12]
+    return cache_root() / "kernels" / f"cpu-{tag}"
+
+
+@contextlib.contextmanager
+def _builder_lock(directory: Path):
+    """Serialise builds of one kernel directory with a lock the kernel releases when its holder dies, and clear
+    torch's own build baton (`lock`, a plain file) when a builder was killed and left it: torch would wait on it
+    forever, and every later run would hang silently at its start. Holding this lock, no other evalsuite process
+    is building here, so a baton found now is stale."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: torch's baton alone, as before
+        yield
+        return
+    with open(directory / "build.flock", "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        try:
+            (directory / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(guard, fcntl.LOCK_UN)
+
+
 @functools.cache
 def _build():
     """The compiled module, or the one-line reason it cannot be built here."""
@@ -405,13 +432,14 @@ def _build():
         verify_ninja_availability()
     except (ImportError, RuntimeError) as err:
         return f"torch's C++ extension loader is unusable ({str(err).splitlines()[0]}; pip install ninja)"
-    tag = hashlib.sha256((cpu_model() + torch.__version__ + _SOURCE).encode()).hexdigest()[:12]
-    directory = cache_root() / "kernels" / f"cpu-{tag}"
+    directory = build_directory()
+    tag = directory.name.removeprefix("cpu-")
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        return load_inline(f"evalsuite_cpu_{tag}", _SOURCE, functions=["pack", "linear", "attention", "layer"],
-                           extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                           build_directory=str(directory), verbose=False)
+        with _builder_lock(directory):
+            return load_inline(f"evalsuite_cpu_{tag}", _SOURCE, functions=["pack", "linear", "attention", "layer"],
+                               extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                               build_directory=str(directory), verbose=False)
     except Exception as err:  # a compiler or linker error: the kernel is unavailable here, and the reason recorded
         lines = [line for line in str(err).splitlines() if line.strip()]
         return f"evalsuite's CPU kernels did not build ({lines[0] if lines else type(err).__name__})"
