@@ -26,7 +26,7 @@
 # A domain fine-tune of drafters already trained (the cheaper recipe for the GSM8K target): INIT=DIR warm-starts each
 # drafter from DIR/<method> (e.g. baselines/drafters/qwen2.5-coder-0.5b) at peak lr INIT_LR (default 0.001; DLite
 # then skips its head warm start), and MATH_ONLY=1 keeps only the math-like chat prompts of the same selection
-# (--math-only: 325 of 911, no agent contexts, so the feature pass takes ~25 min instead of ~100). Give it its own
+# (--math-only: 325 of 911, no agent contexts, so the feature pass takes ~20 min instead of ~100). Give it its own
 # OUT_ROOT and WORK_DIR, e.g.
 #   INIT=baselines/drafters/qwen2.5-coder-0.5b MATH_ONLY=1 DLITE_STEPS=1500 METHODS=dlite \
 #     bash benchmarks/train_qwen_drafters.sh runs/qwen-drafters-math runs/qwen-drafters-math/work

@@ -413,13 +413,10 @@ def _builder_lock(directory: Path):
     except ImportError:  # not POSIX: torch's baton alone, as before
         yield
         return
-    with open(directory / "build.flock", "a") as guard:
+    with open(directory / "build.flock", "a") as guard:  # closing it (or dying) releases the lock
         fcntl.flock(guard, fcntl.LOCK_EX)
-        try:
-            (directory / "lock").unlink(missing_ok=True)
-            yield
-        finally:
-            fcntl.flock(guard, fcntl.LOCK_UN)
+        (directory / "lock").unlink(missing_ok=True)
+        yield
 
 
 @functools.cache

@@ -148,8 +148,7 @@ class Recipe:
         """Warm start: copy a released checkpoint of this method and these sizes into the trained module.
 
         Keys and shapes must match exactly (a one-line error names the first that differ)."""
-        from evalsuite.methods.checkpoints import checkpoint_sha256, detect_method, load_state_dict, load_weights, \
-            read_config
+        from evalsuite.methods.checkpoints import detect_method, load_state_dict, load_weights, read_config
 
         directory = Path(directory)
         found = detect_method(read_config(directory))
