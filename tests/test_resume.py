@@ -171,6 +171,24 @@ def test_a_stored_turn_is_never_rewritten(finished_run):
         RunStore(finished_run).write_turn(record.sample_id, record.turn, [], [record])
 
 
+def test_workers_preparing_one_store_at_once_do_not_trip_over_each_other(tmp_path):
+    """Ray workers all prepare the run's store as they start (a CI run once failed with 'not writable (No such file or
+    directory)' when one worker removed the write probe another had just made)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Barrier
+
+    barrier = Barrier(8)
+
+    def prepare_often(_):
+        barrier.wait()
+        for _ in range(200):
+            RunStore(tmp_path / "shared").prepare()
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(prepare_often, range(8)))  # re-raises the first worker's error
+    assert not [p.name for p in (tmp_path / "shared").iterdir() if p.name.startswith(".write-test")]
+
+
 @pytest.mark.parametrize("change, field", [
     (["--limit", "1"], "sample_ids"),
     (["--max-turns", "1"], "max_turns"),

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -92,9 +93,9 @@ class RunStore:
         try:
             for table in SCHEMAS:
                 self.table_dir(table).mkdir(parents=True, exist_ok=True)
-            probe = self.root / ".write-test"
-            probe.write_text("ok")
-            probe.unlink()
+            # A probe of its own: workers preparing one store at once must not delete each other's probe.
+            with tempfile.NamedTemporaryFile(dir=self.root, prefix=".write-test-"):
+                pass
         except OSError as err:
             raise UserError(f"--out {self.root}: not writable ({err.strerror}); choose another directory") from err
 
