@@ -4,6 +4,8 @@ be built."""
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -291,3 +293,29 @@ def test_a_build_baton_left_by_a_killed_builder_does_not_hang_the_next_run():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert done.stdout.strip() == "True", done.stderr[-2000:]
     assert not baton.exists()
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86's vector forms")
+def test_the_8_lane_forms_give_the_same_bits_as_this_machines_forms(tmp_path):
+    """Without AVX-512 the products and the attention run in 8-lane register blocks (a 16-lane vector is emulated
+    there, 3-20x slower); each element's chain of operations is the same, so a build for AVX2 (-mno-avx512f) gives
+    this machine's bits, for every row count of a product and every block of the attention. (On a machine without
+    AVX-512 both builds are the 8-lane form.)"""
+    narrow = cpu_kernels.compile_source(tmp_path / "avx2", "evalsuite_cpu_avx2_check", ["-march=native", "-mno-avx512f"])
+    generator = torch.Generator().manual_seed(3)
+    for out_features, in_features in ((200, 96), (50, 33), (7, 130)):
+        packed = cpu_kernels.pack(torch.randn(out_features, in_features, generator=generator))
+        for rows in range(1, cpu_kernels.MAX_ROWS + 1):
+            x = torch.randn(rows, in_features, generator=generator)
+            assert torch.equal(narrow.linear(x, packed, out_features), cpu_kernels.linear(x, packed, out_features)), \
+                (out_features, in_features, rows)
+    for kv_heads, groups, dim in ((3, 3, 64), (2, 7, 64), (2, 4, 128), (2, 2, 16), (1, 16, 32)):
+        for rows in (1, 2, 4, 8, 9):
+            if groups * rows > cpu_kernels.MAX_FOLDED_ROWS:
+                continue
+            for length in (rows, 300, 1100):
+                q = torch.randn(1, kv_heads, groups * rows, dim, generator=generator)
+                k = torch.randn(1, kv_heads, length, dim, generator=generator)
+                v = torch.randn(1, kv_heads, length, dim, generator=generator)
+                assert torch.equal(narrow.attention(q, k, v, rows, 0.1), cpu_kernels.attention(q, k, v, rows, 0.1)), \
+                    (kv_heads, groups, dim, rows, length)

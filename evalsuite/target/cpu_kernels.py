@@ -6,9 +6,12 @@ cost one read of the weights. The kernels torch ships do not get there on every 
 the development VM MKL's one-row product ran at a third of the copy bandwidth and its 8-row one at a fifth of the
 cores' peak, and oneDNN's blocked weights at half the bandwidth for one row (benchmarks/results/
 block_products_cpu.txt). Here each weight is repacked once into panels of 16 output columns, [N/16, K, 16]
-(zero-padded), so one panel streams from memory in order; a register block of up to 8 rows × 2-4 panels keeps its
-sums in vector registers while the panel is read once for all its rows, and the panels are split over the torch
-threads (`at::parallel_for`).
+(zero-padded), so one panel streams from memory in order; a register block of rows × panels keeps its sums in
+vector registers while the panel is read once for all its rows, and the panels are split over the torch threads
+(`at::parallel_for`). The blocks follow the machine's vector registers: with AVX-512 (32 registers of 16 lanes) up
+to 8 rows × 2-4 panels; elsewhere (AVX2's 16 registers of 8 lanes, NEON) up to 6 rows × 1-4 panels of two 8-lane
+vectors each. A 16-lane vector type on an AVX2 machine is emulated and its blocks spill: on a Zen 3 the products ran
+5-20× and the attention 3-15× slower than the 8-lane forms, bit for bit the same results (Dec 6 2026).
 
 Batch-invariant by construction: every output element is one chain of fused multiply-adds over k in order, the
 same whatever the row count or the row's place in the block, so a verify block's row gives bit for bit the
@@ -19,7 +22,9 @@ Attention (`attention`): a decode's or verify block's folded query rows (query h
 decoder's GQA folding) against the K/V cache, causal within the block. The keys are split into chunks over the
 threads (each chunk keeps the online-softmax state of every row, merged at the end, as flash-decoding does) and
 the rows are the vector lanes, so each key and value is read once for all rows and a dot product needs no
-horizontal sum; the exponential is a vectorised polynomial (relative error ~1e-7). On the development VM it took
+horizontal sum; the exponential is a vectorised polynomial (relative error ~1e-7). Without AVX-512 the rows are
+8-lane vectors taken at most 3 at a time and the output is held transposed (`attend_rows`), so that both products
+fit 16 registers; same arithmetic per element, same result. On the development VM it took
 0.5-0.6× the time of SDPA's CPU kernel for a decode and 0.5-0.7× for an 8-token block at 512-8k tokens
 (SmolLM2's and Qwen2.5-0.5B's head shapes). Not batch-invariant as the products are: the key chunks follow the
 context length, so a block's row and a decode at the same position can merge their partial softmax sums in another
@@ -51,8 +56,26 @@ _SOURCE = r"""
 #include <cstring>
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
+typedef int32_t vi16 __attribute__((vector_size(64), aligned(4)));
+typedef float v8 __attribute__((vector_size(32), aligned(4)));
+typedef int32_t vi8 __attribute__((vector_size(32), aligned(4)));
 constexpr int64_t L = 16;  // output columns per panel
+// The register blocks follow the machine's vectors. With AVX-512 (32 registers of 16 lanes) a panel is one vector
+// and a block holds up to 8 rows; elsewhere (AVX2: 16 registers of 8 lanes; NEON) a panel is two 8-lane vectors
+// and a block holds up to 6 rows: a 16-lane vector there is emulated, and a block of them spills its sums to
+// memory (5-20x slower products on a Zen 3). Each lane's arithmetic is the same either way, so is the result.
+#if defined(__AVX512F__)
+typedef v16 vp;
+typedef vi16 vpi;
 constexpr int64_t MB = 8;  // rows per register block
+constexpr bool WIDE = true;
+#else
+typedef v8 vp;
+typedef vi8 vpi;
+constexpr int64_t MB = 6;
+constexpr bool WIDE = false;
+#endif
+constexpr int64_t LN = sizeof(vp) / sizeof(float), VP = L / LN;  // lanes per vector, vectors per panel
 
 torch::Tensor pack(torch::Tensor w) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32 && w.device().is_cpu(),
@@ -70,41 +93,63 @@ torch::Tensor pack(torch::Tensor w) {
   return P;
 }
 
-// rows x[0..M) (stride ldx) times NP consecutive panels p (each K x L): y[m, n0 + j*L + c]
-template <int M, int NP>
+// rows x[0..M) (stride ldx) times NV vectors of consecutive panels from p (VP vectors per panel, each panel K x L):
+// y[m, n0 + ...]
+template <int M, int NV>
 static inline void block(const float* x, int64_t ldx, const float* p, int64_t K, float* y, int64_t ldy,
                          int64_t n0, int64_t N) {
-  v16 acc[M][NP];
+  vp acc[M][NV];
   for (int m = 0; m < M; ++m)
-    for (int j = 0; j < NP; ++j) acc[m][j] = (v16){};
+    for (int j = 0; j < NV; ++j) acc[m][j] = (vp){};
   for (int64_t k = 0; k < K; ++k) {
-    v16 w[NP];
-    for (int j = 0; j < NP; ++j) w[j] = *(const v16*)(p + (j * K + k) * L);
+    vp w[NV];
+    for (int j = 0; j < NV; ++j) w[j] = *(const vp*)(p + ((j / VP) * K + k) * L + (j % VP) * LN);
     for (int m = 0; m < M; ++m) {
       const float xv = x[m * ldx + k];
-      for (int j = 0; j < NP; ++j) acc[m][j] += xv * w[j];
+      for (int j = 0; j < NV; ++j) acc[m][j] += xv * w[j];
     }
   }
   for (int m = 0; m < M; ++m)
-    for (int j = 0; j < NP; ++j) {
-      const int64_t n = n0 + j * L;
-      const int64_t cols = std::min<int64_t>(L, N - n);
+    for (int j = 0; j < NV; ++j) {
+      const int64_t n = n0 + (j / VP) * L + (j % VP) * LN;
+      const int64_t cols = std::min<int64_t>(LN, N - n);
       for (int64_t c = 0; c < cols; ++c) y[m * ldy + n + c] = acc[m][j][c];
     }
 }
 
-template <int NP>
+template <int NV>
 static void rows_block(int64_t m, const float* x, int64_t ldx, const float* p, int64_t K, float* y, int64_t ldy,
                        int64_t n0, int64_t N) {
   switch (m) {
-    case 1: block<1, NP>(x, ldx, p, K, y, ldy, n0, N); break;
-    case 2: block<2, NP>(x, ldx, p, K, y, ldy, n0, N); break;
-    case 3: block<3, NP>(x, ldx, p, K, y, ldy, n0, N); break;
-    case 4: block<4, NP>(x, ldx, p, K, y, ldy, n0, N); break;
-    case 5: block<5, NP>(x, ldx, p, K, y, ldy, n0, N); break;
-    case 6: block<6, NP>(x, ldx, p, K, y, ldy, n0, N); break;
-    case 7: block<7, NP>(x, ldx, p, K, y, ldy, n0, N); break;
-    default: block<8, NP>(x, ldx, p, K, y, ldy, n0, N); break;
+    case 1: block<1, NV>(x, ldx, p, K, y, ldy, n0, N); break;
+    case 2: block<2, NV>(x, ldx, p, K, y, ldy, n0, N); break;
+    case 3: block<3, NV>(x, ldx, p, K, y, ldy, n0, N); break;
+    case 4: block<4, NV>(x, ldx, p, K, y, ldy, n0, N); break;
+    case 5: block<5, NV>(x, ldx, p, K, y, ldy, n0, N); break;
+    case 6: block<6, NV>(x, ldx, p, K, y, ldy, n0, N); break;
+#if defined(__AVX512F__)
+    case 7: block<7, NV>(x, ldx, p, K, y, ldy, n0, N); break;
+    default: block<8, NV>(x, ldx, p, K, y, ldy, n0, N); break;
+#endif
+  }
+}
+
+// a group of np panels (np * VP vectors) for all M rows, in register blocks of at most MB rows (split evenly)
+static void panel_group(int64_t np, int64_t M, const float* xp, int64_t K, const float* pa, float* yp, int64_t N,
+                        int64_t n0) {
+  for (int64_t m0 = 0; m0 < M;) {
+    const int64_t left = M - m0, m = left <= MB ? left : left < 2 * MB ? (left + 1) / 2 : MB;
+    const float* x = xp + m0 * K;
+    float* y = yp + m0 * N;
+    switch (np * VP) {
+      case 8: rows_block<8>(m, x, K, pa, K, y, N, n0, N); break;
+      case 4: rows_block<4>(m, x, K, pa, K, y, N, n0, N); break;
+      case 2: rows_block<2>(m, x, K, pa, K, y, N, n0, N); break;
+      case 1: rows_block<1>(m, x, K, pa, K, y, N, n0, N); break;
+      default:
+        for (int64_t j = 0; j < np; ++j) rows_block<VP>(m, x, K, pa + j * K * L, K, y, N, n0 + j * L, N);
+    }
+    m0 += m;
   }
 }
 
@@ -117,26 +162,19 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor P, int64_t N) {
   const float* xp = X.data_ptr<float>();
   const float* pp = P.data_ptr<float>();
   float* yp = Y.data_ptr<float>();
-  const int64_t group = M <= 2 ? 4 : 2;  // panels per register block: more independent sums for 1-2 rows
+  // panels per register block: more independent sums for fewer rows, as many as the registers hold
+  const int64_t group = WIDE ? (M <= 2 ? 4 : 2) : (M == 1 ? 4 : M == 2 ? 2 : 1);
   const int64_t groups = (panels + group - 1) / group;
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t panel = g * group, np = std::min<int64_t>(group, panels - panel);
-      const float* pa = pp + panel * K * L;
-      for (int64_t m0 = 0; m0 < M; m0 += MB) {
-        const int64_t m = std::min<int64_t>(MB, M - m0);
-        if (np == 4) rows_block<4>(m, xp + m0 * K, K, pa, K, yp + m0 * N, N, panel * L, N);
-        else if (np == 2) rows_block<2>(m, xp + m0 * K, K, pa, K, yp + m0 * N, N, panel * L, N);
-        else for (int64_t j = 0; j < np; ++j)
-          rows_block<1>(m, xp + m0 * K, K, pa + j * K * L, K, yp + m0 * N, N, (panel + j) * L, N);
-      }
+      // a short last group: its panels one at a time
+      if (np == group) panel_group(np, M, xp, K, pp + panel * K * L, yp, N, panel * L);
+      else for (int64_t j = 0; j < np; ++j) panel_group(1, M, xp, K, pp + (panel + j) * K * L, yp, N, (panel + j) * L);
     }
   });
   return Y;
 }
-typedef int32_t vi16 __attribute__((vector_size(64), aligned(4)));
-typedef float v8 __attribute__((vector_size(32), aligned(4)));
-typedef int32_t vi8 __attribute__((vector_size(32), aligned(4)));
 
 template <typename V, typename VI>
 static inline V vexp(V x) {  // e^x for x <= 0 (rel. error ~1e-7); lanes below -87 give ~e^-87
@@ -242,6 +280,122 @@ static void attend_chunk(const float* q, int64_t R, const float* k, const float*
     for (int i = 0; i < LN && rv * LN + i < R; ++i) { m[rv * LN + i] = mv[rv][i]; l[rv * LN + i] = lv[rv][i]; }
 }
 
+// attend_chunk for machines with 16 vector registers of 8 lanes (AVX2; the 16-lane vectors attend_chunk also uses are
+// emulated there, 3-7x slower): the folded rows are 8-lane vectors, taken at most 3 at a time, so that the scores'
+// and the output's register blocks fit the 16 registers, and the output is held transposed (accT[d][row]), so that
+// P·V broadcasts one value of V against whole lane vectors of P, as Q·Kᵀ broadcasts one of K. Each output
+// element is the same chain of operations as in attend_chunk (rescaled by alpha, then one FMA per key in key order),
+// so the two give the same result, bit for bit.
+template <int D, int NR, typename V>
+static inline void qk_rows(const float* qt, int64_t W, const float* k, int64_t ldkv, int64_t t, int64_t tn,
+                           const V* lastv, int rv0, float* Sm) {
+  constexpr int64_t LN = sizeof(V) / sizeof(float), KS = NR == 3 ? 4 : NR == 2 ? 6 : 12;
+  for (int64_t j0 = 0; j0 < 16; j0 += KS) {
+    V s[KS][NR];
+    for (int j = 0; j < KS; ++j) for (int r = 0; r < NR; ++r) s[j][r] = V{};
+    const float* kp[KS];
+    for (int j = 0; j < KS; ++j) kp[j] = k + (t + std::min<int64_t>(std::min<int64_t>(j0 + j, 15), tn - 1)) * ldkv;
+    for (int64_t d = 0; d < D; ++d) {
+      V qd[NR];
+      for (int r = 0; r < NR; ++r) qd[r] = *(const V*)(qt + d * W + (rv0 + r) * LN);
+      for (int j = 0; j < KS; ++j) {
+        const float kd = kp[j][d];
+        for (int r = 0; r < NR; ++r) s[j][r] += qd[r] * kd;
+      }
+    }
+    for (int j = 0; j < KS && j0 + j < 16; ++j) {
+      const float key = (float)(t + j0 + j);
+      for (int r = 0; r < NR; ++r)
+        *(V*)(Sm + (j0 + j) * W + (rv0 + r) * LN) =
+            (j0 + j < tn) & (key <= lastv[rv0 + r]) ? s[j][r] : V{} - INFINITY;
+    }
+  }
+}
+
+template <int D, int NR, typename V>
+static inline void pv_rows(float* accT, int64_t W, const float* p, const float* alpha, const float* v, int64_t ldkv,
+                           int64_t t, int64_t tn, int rv0) {
+  constexpr int64_t LN = sizeof(V) / sizeof(float), DB = NR == 3 ? 4 : NR == 2 ? 6 : 8;
+  V a[NR];
+  for (int r = 0; r < NR; ++r) a[r] = *(const V*)(alpha + (rv0 + r) * LN);
+  for (int64_t d0 = 0; d0 < D; d0 += DB) {
+    const int64_t db = std::min<int64_t>(DB, D - d0);
+    V o[DB][NR];
+    for (int dd = 0; dd < DB; ++dd)
+      for (int r = 0; r < NR; ++r) o[dd][r] = dd < db ? *(V*)(accT + (d0 + dd) * W + (rv0 + r) * LN) * a[r] : V{};
+    for (int64_t j = 0; j < tn; ++j) {
+      V pj[NR];
+      for (int r = 0; r < NR; ++r) pj[r] = *(const V*)(p + j * W + (rv0 + r) * LN);
+      const float* vj = v + (t + j) * ldkv + d0;
+      for (int dd = 0; dd < DB; ++dd) {
+        const float vd = dd < db ? vj[dd] : 0.f;
+        for (int r = 0; r < NR; ++r) o[dd][r] += pj[r] * vd;
+      }
+    }
+    for (int dd = 0; dd < db; ++dd)
+      for (int r = 0; r < NR; ++r) *(V*)(accT + (d0 + dd) * W + (rv0 + r) * LN) = o[dd][r];
+  }
+}
+
+template <int DV, int RV, typename V, typename VI>
+static void attend_rows(const float* q, int64_t R, const float* k, const float* v, int64_t ldkv, int64_t t0,
+                        int64_t t1, int64_t T, int64_t rows, float scale, float* m, float* l, float* acc) {
+  constexpr int64_t D = DV * 16, LN = sizeof(V) / sizeof(float), W = RV * LN;
+  alignas(64) float qt[D * W];
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t r = 0; r < W; ++r) qt[d * W + r] = r < R ? q[r * D + d] * scale : 0.f;
+  V lastv[RV], mv[RV], lv[RV];
+  for (int rv = 0; rv < RV; ++rv)
+    for (int i = 0; i < LN; ++i) {
+      const int64_t r = rv * LN + i;
+      lastv[rv][i] = r < R ? (float)(T - rows + (r % rows)) : -1.f;
+      mv[rv][i] = -INFINITY;
+      lv[rv][i] = 0.f;
+    }
+  alignas(64) float accT[D * W];
+  std::fill(accT, accT + D * W, 0.f);
+  alignas(64) float Sm[16 * W];
+  alignas(64) float p[16 * W];
+  alignas(64) float alpha_s[W];
+  for (int64_t t = t0; t < t1; t += 16) {
+    const int64_t tn = std::min<int64_t>(16, t1 - t);
+    for (int rv0 = 0; rv0 < RV; rv0 += 3) {
+      const int nr = std::min(3, RV - rv0);
+      if (nr == 3) qk_rows<D, 3, V>(qt, W, k, ldkv, t, tn, lastv, rv0, Sm);
+      else if (nr == 2) qk_rows<D, 2, V>(qt, W, k, ldkv, t, tn, lastv, rv0, Sm);
+      else qk_rows<D, 1, V>(qt, W, k, ldkv, t, tn, lastv, rv0, Sm);
+    }
+    for (int rv = 0; rv < RV; ++rv) {
+      V mt = *(const V*)(Sm + rv * LN);
+      for (int j = 1; j < 16; ++j) { const V sj = *(const V*)(Sm + j * W + rv * LN); mt = sj > mt ? sj : mt; }
+      const V mnew = mt > mv[rv] ? mt : mv[rv];
+      const V live = mnew > -INFINITY ? mnew : V{};
+      const V alpha = mv[rv] == -INFINITY ? V{} : vexp<V, VI>(mv[rv] - live);
+      V sum = V{};
+      for (int j = 0; j < 16; ++j) {
+        const V sj = *(const V*)(Sm + j * W + rv * LN);
+        V pj = vexp<V, VI>(sj - live);
+        pj = sj == -INFINITY ? V{} : pj;
+        sum += pj;
+        *(V*)(p + j * W + rv * LN) = pj;
+      }
+      lv[rv] = lv[rv] * alpha + sum;
+      mv[rv] = mnew;
+      *(V*)(alpha_s + rv * LN) = alpha;
+    }
+    for (int rv0 = 0; rv0 < RV; rv0 += 3) {
+      const int nr = std::min(3, RV - rv0);
+      if (nr == 3) pv_rows<D, 3, V>(accT, W, p, alpha_s, v, ldkv, t, tn, rv0);
+      else if (nr == 2) pv_rows<D, 2, V>(accT, W, p, alpha_s, v, ldkv, t, tn, rv0);
+      else pv_rows<D, 1, V>(accT, W, p, alpha_s, v, ldkv, t, tn, rv0);
+    }
+  }
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t d = 0; d < D; ++d) acc[r * D + d] = accT[d * W + r];
+  for (int rv = 0; rv < RV; ++rv)
+    for (int i = 0; i < LN && rv * LN + i < R; ++i) { m[rv * LN + i] = mv[rv][i]; l[rv * LN + i] = lv[rv][i]; }
+}
+
 // folded queries q [B, H, R, D] (R = groups * rows, row g*rows + i at position T - rows + i), keys and values
 // [B, H, T, D] (any stride over B and H, rows of D contiguous): softmax(q k^T * scale) v, causal within the block.
 constexpr int64_t MAX_FOLDED_ROWS = 128;
@@ -269,6 +423,7 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64
       const float* vh = vp + b * sb + h * sh;
       const int64_t t0 = c * chunk, t1 = std::min(T, t0 + chunk);
       float* m = st; float* l = st + R; float* acc = st + 2 * R;
+#if defined(__AVX512F__)
 #define EVALSUITE_ATTEND(DV) \
       if (R <= 8) attend_chunk<DV, 1, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
       else if (R <= 16) attend_chunk<DV, 1, v16, vi16>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
@@ -278,6 +433,18 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64
       else if (R <= 56) attend_chunk<DV, 7, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
       else if (R <= 64) attend_chunk<DV, 4, v16, vi16>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
       else attend_chunk<DV, 8, v16, vi16>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc);
+#else
+#define EVALSUITE_ATTEND(DV) \
+      if (R <= 8) attend_rows<DV, 1, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
+      else if (R <= 16) attend_rows<DV, 2, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
+      else if (R <= 24) attend_rows<DV, 3, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
+      else if (R <= 32) attend_rows<DV, 4, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
+      else if (R <= 40) attend_rows<DV, 5, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
+      else if (R <= 48) attend_rows<DV, 6, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
+      else if (R <= 56) attend_rows<DV, 7, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
+      else if (R <= 64) attend_rows<DV, 8, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
+      else attend_rows<DV, 16, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc);
+#endif
       if (D == 64) { EVALSUITE_ATTEND(4) } else if (D == 128) { EVALSUITE_ATTEND(8) } else if (D == 32) { EVALSUITE_ATTEND(2) } else { EVALSUITE_ATTEND(1) }
 #undef EVALSUITE_ATTEND
     }
@@ -323,12 +490,12 @@ static void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t int
     const float* u = g + inter;
     float* o = out + r * inter;
     int64_t i = 0;
-    for (; i + 16 <= inter; i += 16) {
-      const v16 x = *(const v16*)(g + i);
-      const v16 neg = x < 0.f ? x : -x;  // -|x|
-      const v16 e = vexp<v16, vi16>(neg);
-      const v16 sig = x < 0.f ? e / (1.f + e) : 1.f / (1.f + e);
-      *(v16*)(o + i) = x * sig * *(const v16*)(u + i);
+    for (; i + LN <= inter; i += LN) {
+      const vp x = *(const vp*)(g + i);
+      const vp neg = x < 0.f ? x : -x;  // -|x|
+      const vp e = vexp<vp, vpi>(neg);
+      const vp sig = x < 0.f ? e / (1.f + e) : 1.f / (1.f + e);
+      *(vp*)(o + i) = x * sig * *(const vp*)(u + i);
     }
     for (; i < inter; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
   }
@@ -419,24 +586,30 @@ def _builder_lock(directory: Path):
         yield
 
 
+def compile_source(directory: Path, name: str, arch_flags: list[str]):
+    """Build (or load the cached build of) the kernels in `directory` as module `name` for `arch_flags`."""
+    from torch.utils.cpp_extension import load_inline
+
+    directory.mkdir(parents=True, exist_ok=True)
+    with _builder_lock(directory):
+        return load_inline(name, _SOURCE, functions=["pack", "linear", "attention", "layer"],
+                           extra_cflags=["-O3", *arch_flags, "-fopenmp"], extra_ldflags=["-fopenmp"],
+                           build_directory=str(directory), verbose=False)
+
+
 @functools.cache
 def _build():
     """The compiled module, or the one-line reason it cannot be built here."""
     if shutil.which("c++") is None and shutil.which("g++") is None:
         return "no C++ compiler (c++/g++) on PATH"
     try:
-        from torch.utils.cpp_extension import load_inline, verify_ninja_availability
+        from torch.utils.cpp_extension import verify_ninja_availability
         verify_ninja_availability()
     except (ImportError, RuntimeError) as err:
         return f"torch's C++ extension loader is unusable ({str(err).splitlines()[0]}; pip install ninja)"
     directory = build_directory()
-    tag = directory.name.removeprefix("cpu-")
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with _builder_lock(directory):
-            return load_inline(f"evalsuite_cpu_{tag}", _SOURCE, functions=["pack", "linear", "attention", "layer"],
-                               extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                               build_directory=str(directory), verbose=False)
+        return compile_source(directory, f"evalsuite_cpu_{directory.name.removeprefix('cpu-')}", ["-march=native"])
     except Exception as err:  # a compiler or linker error: the kernel is unavailable here, and the reason recorded
         lines = [line for line in str(err).splitlines() if line.strip()]
         return f"evalsuite's CPU kernels did not build ({lines[0] if lines else type(err).__name__})"
