@@ -289,7 +289,7 @@ static void attend_chunk(const float* q, int64_t R, const float* k, const float*
 template <int D, int NR, typename V>
 static inline void qk_rows(const float* qt, int64_t W, const float* k, int64_t ldkv, int64_t t, int64_t tn,
                            const V* lastv, int rv0, float* Sm) {
-  constexpr int64_t LN = sizeof(V) / sizeof(float), KS = NR == 3 ? 4 : NR == 2 ? 6 : 12;
+  constexpr int64_t LN = sizeof(V) / sizeof(float), KS = NR == 3 ? 4 : NR == 2 ? 6 : 8;
   for (int64_t j0 = 0; j0 < 16; j0 += KS) {
     V s[KS][NR];
     for (int j = 0; j < KS; ++j) for (int r = 0; r < NR; ++r) s[j][r] = V{};
@@ -352,8 +352,9 @@ static void attend_rows(const float* q, int64_t R, const float* k, const float* 
       mv[rv][i] = -INFINITY;
       lv[rv][i] = 0.f;
     }
-  alignas(64) float accT[D * W];
-  std::fill(accT, accT + D * W, 0.f);
+  alignas(64) float accT[RV > 1 ? D * W : 1];  // the output transposed (rows as lanes); a decode's stays in acc
+  if constexpr (RV > 1) std::fill(accT, accT + D * W, 0.f);
+  else std::fill(acc, acc + R * D, 0.f);
   alignas(64) float Sm[16 * W];
   alignas(64) float p[16 * W];
   alignas(64) float alpha_s[W];
@@ -383,15 +384,37 @@ static void attend_rows(const float* q, int64_t R, const float* k, const float* 
       mv[rv] = mnew;
       *(V*)(alpha_s + rv * LN) = alpha;
     }
-    for (int rv0 = 0; rv0 < RV; rv0 += 3) {
-      const int nr = std::min(3, RV - rv0);
-      if (nr == 3) pv_rows<D, 3, V>(accT, W, p, alpha_s, v, ldkv, t, tn, rv0);
-      else if (nr == 2) pv_rows<D, 2, V>(accT, W, p, alpha_s, v, ldkv, t, tn, rv0);
-      else pv_rows<D, 1, V>(accT, W, p, alpha_s, v, ldkv, t, tn, rv0);
+    if constexpr (RV == 1) {  // a decode's few rows: row by row over 8-lane slices of V (no lane left idle)
+      // v8 by name, not V: a template's vector type has its natural 32-byte alignment, and acc and the cache are
+      // only 4-byte aligned
+      static_assert(sizeof(V) == sizeof(v8), "8-lane rows");
+      constexpr int64_t DVEC = D / LN, DB = DVEC < 8 ? DVEC : 8;
+      for (int64_t r = 0; r < R; ++r) {
+        float* ar = acc + r * D;
+        const float a = alpha_s[r];
+        for (int64_t d0 = 0; d0 < DVEC; d0 += DB) {
+          v8 o[DB];
+          for (int d = 0; d < DB; ++d) o[d] = *(const v8*)(ar + (d0 + d) * LN) * a;
+          for (int64_t j = 0; j < tn; ++j) {
+            const float pj = p[j * W + r];
+            const float* vj = v + (t + j) * ldkv + d0 * LN;
+            for (int d = 0; d < DB; ++d) o[d] += pj * *(const v8*)(vj + d * LN);
+          }
+          for (int d = 0; d < DB; ++d) *(v8*)(ar + (d0 + d) * LN) = o[d];
+        }
+      }
+    } else {
+      for (int rv0 = 0; rv0 < RV; rv0 += 3) {
+        const int nr = std::min(3, RV - rv0);
+        if (nr == 3) pv_rows<D, 3, V>(accT, W, p, alpha_s, v, ldkv, t, tn, rv0);
+        else if (nr == 2) pv_rows<D, 2, V>(accT, W, p, alpha_s, v, ldkv, t, tn, rv0);
+        else pv_rows<D, 1, V>(accT, W, p, alpha_s, v, ldkv, t, tn, rv0);
+      }
     }
   }
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t d = 0; d < D; ++d) acc[r * D + d] = accT[d * W + r];
+  if constexpr (RV > 1)
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t d = 0; d < D; ++d) acc[r * D + d] = accT[d * W + r];
   for (int rv = 0; rv < RV; ++rv)
     for (int i = 0; i < LN && rv * LN + i < R; ++i) { m[rv * LN + i] = mv[rv][i]; l[rv * LN + i] = lv[rv][i]; }
 }
