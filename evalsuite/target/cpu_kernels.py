@@ -24,11 +24,11 @@ threads (each chunk keeps the online-softmax state of every row, merged at the e
 the rows are the vector lanes, so each key and value is read once for all rows and a dot product needs no
 horizontal sum; the exponential is a vectorised polynomial (relative error ~1e-7). Without AVX-512 the rows are
 8-lane vectors taken at most 3 at a time and the output is held transposed (`attend_rows`), so that both products
-fit 16 registers; same arithmetic per element, same result. On the development VM it took
-0.5-0.6× the time of SDPA's CPU kernel for a decode and 0.5-0.7× for an 8-token block at 512-8k tokens
-(SmolLM2's and Qwen2.5-0.5B's head shapes). Not batch-invariant as the products are: the key chunks follow the
-context length, so a block's row and a decode at the same position can merge their partial softmax sums in another
-order (the last bits of a logit).
+fit 16 registers (a decode's few rows multiply P·V row by row instead); same arithmetic per element, same result.
+On the development VM it took 0.5-0.6× the time of SDPA's CPU kernel for a decode and 0.5-0.7× for an 8-token
+block at 512-8k tokens (SmolLM2's and Qwen2.5-0.5B's head shapes). Not batch-invariant as the products are: the
+key chunks follow the context length, so a block's row and a decode at the same position can merge their partial
+softmax sums in another order (the last bits of a logit).
 
 Built with torch's C++ extension loader (ninja and a C++ compiler) into evalsuite's cache, under a name that
 includes the CPU model and the source's hash, so that a cache shared between machines never loads a binary built
@@ -446,30 +446,32 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64
       const float* vh = vp + b * sb + h * sh;
       const int64_t t0 = c * chunk, t1 = std::min(T, t0 + chunk);
       float* m = st; float* l = st + R; float* acc = st + 2 * R;
+#define EVALSUITE_ARGS (qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc)
 #if defined(__AVX512F__)
 #define EVALSUITE_ATTEND(DV) \
-      if (R <= 8) attend_chunk<DV, 1, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
-      else if (R <= 16) attend_chunk<DV, 1, v16, vi16>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
-      else if (R <= 24) attend_chunk<DV, 3, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
-      else if (R <= 32) attend_chunk<DV, 2, v16, vi16>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
-      else if (R <= 48) attend_chunk<DV, 3, v16, vi16>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
-      else if (R <= 56) attend_chunk<DV, 7, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
-      else if (R <= 64) attend_chunk<DV, 4, v16, vi16>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
-      else attend_chunk<DV, 8, v16, vi16>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc);
+      if (R <= 8) attend_chunk<DV, 1, v8, vi8>EVALSUITE_ARGS; \
+      else if (R <= 16) attend_chunk<DV, 1, v16, vi16>EVALSUITE_ARGS; \
+      else if (R <= 24) attend_chunk<DV, 3, v8, vi8>EVALSUITE_ARGS; \
+      else if (R <= 32) attend_chunk<DV, 2, v16, vi16>EVALSUITE_ARGS; \
+      else if (R <= 48) attend_chunk<DV, 3, v16, vi16>EVALSUITE_ARGS; \
+      else if (R <= 56) attend_chunk<DV, 7, v8, vi8>EVALSUITE_ARGS; \
+      else if (R <= 64) attend_chunk<DV, 4, v16, vi16>EVALSUITE_ARGS; \
+      else attend_chunk<DV, 8, v16, vi16>EVALSUITE_ARGS;
 #else
 #define EVALSUITE_ATTEND(DV) \
-      if (R <= 8) attend_rows<DV, 1, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
-      else if (R <= 16) attend_rows<DV, 2, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
-      else if (R <= 24) attend_rows<DV, 3, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
-      else if (R <= 32) attend_rows<DV, 4, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
-      else if (R <= 40) attend_rows<DV, 5, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
-      else if (R <= 48) attend_rows<DV, 6, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
-      else if (R <= 56) attend_rows<DV, 7, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
-      else if (R <= 64) attend_rows<DV, 8, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc); \
-      else attend_rows<DV, 16, v8, vi8>(qh, R, kh, vh, D, t0, t1, T, rows, (float)scale, m, l, acc);
+      if (R <= 8) attend_rows<DV, 1, v8, vi8>EVALSUITE_ARGS; \
+      else if (R <= 16) attend_rows<DV, 2, v8, vi8>EVALSUITE_ARGS; \
+      else if (R <= 24) attend_rows<DV, 3, v8, vi8>EVALSUITE_ARGS; \
+      else if (R <= 32) attend_rows<DV, 4, v8, vi8>EVALSUITE_ARGS; \
+      else if (R <= 40) attend_rows<DV, 5, v8, vi8>EVALSUITE_ARGS; \
+      else if (R <= 48) attend_rows<DV, 6, v8, vi8>EVALSUITE_ARGS; \
+      else if (R <= 56) attend_rows<DV, 7, v8, vi8>EVALSUITE_ARGS; \
+      else if (R <= 64) attend_rows<DV, 8, v8, vi8>EVALSUITE_ARGS; \
+      else attend_rows<DV, 16, v8, vi8>EVALSUITE_ARGS;
 #endif
       if (D == 64) { EVALSUITE_ATTEND(4) } else if (D == 128) { EVALSUITE_ATTEND(8) } else if (D == 32) { EVALSUITE_ATTEND(2) } else { EVALSUITE_ATTEND(1) }
 #undef EVALSUITE_ATTEND
+#undef EVALSUITE_ARGS
     }
   });
   float* op = out.data_ptr<float>();
