@@ -199,6 +199,26 @@ def test_measured_products_choose_the_faster_and_are_recorded(tiny_qwen2_dir, tm
             TargetModel.load(str(tiny_qwen2_dir), weight_layout=layout, compile=True)
 
 
+def test_a_remembered_products_choice_is_measured_again_for_a_new_build_of_the_kernels(tiny_qwen2_dir, tmp_path,
+                                                                                          monkeypatch):
+    """A choice made with one build of evalsuite's panels (say, before its blocks fitted an AVX2 CPU's registers)
+    says nothing of the next build's speed: a new build (the CPU model, torch and the kernels' source) is timed
+    again instead of reusing the old record."""
+    from evalsuite.target import cpu_kernels
+
+    monkeypatch.setenv("EVALSUITE_CACHE", str(tmp_path / "cache"))
+    first = TargetModel.load(str(tiny_qwen2_dir))
+    first.prepare_blocks(K + 1)
+    assert first.products_choice["source"] == "measured in this run"
+    same = TargetModel.load(str(tiny_qwen2_dir))
+    same.prepare_blocks(K + 1)
+    assert same.products_choice["source"].startswith("remembered: measured ")
+    monkeypatch.setattr(cpu_kernels, "build_tag", lambda: "cpu-anotherbuild")
+    rebuilt = TargetModel.load(str(tiny_qwen2_dir))
+    rebuilt.prepare_blocks(K + 1)
+    assert rebuilt.products_choice["source"] == "measured in this run"
+
+
 def test_the_native_layer_path_matches_the_python_layers_on_the_same_kernels(pair, monkeypatch):
     """With evalsuite's CPU kernels (panel products, kernel attention), decodes and blocks of a batch-1 forward run
     each layer as one C++ call (`cpu_kernels.layer`); the same forward through the Python layers on the same kernels

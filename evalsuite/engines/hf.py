@@ -22,6 +22,7 @@ from evalsuite.engines.loop import decode_turn
 from evalsuite.errors import UserError
 from evalsuite.methods.base import Method, Sampling, build_method, common_prefix_len
 from evalsuite.store.records import TurnResult
+from evalsuite.target import cpu_kernels
 from evalsuite.target.model import TargetModel, cached_weights_hash
 from evalsuite.target.remembered import cpu_model, remembered_choice
 from evalsuite.timing import DeviceClock
@@ -110,14 +111,15 @@ class HfEngine(Engine):
         of 5, after a warm-up) and keep the count with the lowest decode + verify; on a CPU only.
 
         The choice is remembered under evalsuite's cache dir, keyed by the host, the CPU, torch, the target's
-        weights and layout, k and the candidate counts: a later run of the same set-up reuses it (its record says
-        so, with the original measurement), so two runs of one machine are timed with the same count and can be
-        merged. Delete `<cache>/threads-choice/` to measure again."""
+        weights and layout (with the build of evalsuite's kernels on fused+panel), k and the candidate counts: a
+        later run of the same set-up reuses it (its record says so, with the original measurement), so two runs of
+        one machine are timed with the same count and can be merged. Delete `<cache>/threads-choice/` to measure again."""
         if self.target.device.type != "cpu" or len(candidates) < 2:
             return None
         key = {"host": socket.gethostname(), "cpu": cpu_model(), "torch": torch.__version__,
                "target_sha256": cached_weights_hash(self.target.model_dir), "dtype": str(self.target.dtype),
-               "weight_layout": self.target.weight_layout, "k": self.config.k, "candidates": list(candidates)}
+               "weight_layout": self.target.weight_layout, "k": self.config.k, "candidates": list(candidates),
+               "kernels": cpu_kernels.build_tag() if "panel" in self.target.weight_layout else None}
         choice = remembered_choice("threads-choice", key, lambda: self._measure_threads(candidates),
                                    lambda saved: saved["chosen"] in candidates)
         torch.set_num_threads(choice["chosen"])

@@ -594,6 +594,12 @@ def build_directory():
     return cache_root() / "kernels" / f"cpu-{tag}"
 
 
+def build_tag() -> str:
+    """The kernels' build: the CPU model, torch and the source. A measurement of the kernels (a remembered choice of
+    products or threads) holds for this build only."""
+    return build_directory().name
+
+
 @contextlib.contextmanager
 def _builder_lock(directory: Path):
     """Serialise builds of one kernel directory with a lock the kernel releases when its holder dies, and clear

@@ -289,7 +289,8 @@ class TargetModel:
         lowest decode + verify-`rows` time of the weight products measured here (`FusedDecoder.measure_products`);
         None where there is nothing to choose (not a CPU in fp32, or fewer than two of them usable here). The
         choice names each kernel left out and why. Remembered per machine, torch, model shape, row count, thread
-        count and set of usable kernels (`remembered_choice`), so runs of one machine use the same kernels."""
+        count, set of usable kernels and build of evalsuite's own (`remembered_choice`), so runs of one machine use
+        the same kernels, and a new build of the panels is measured again."""
         fused = self.fused
         usable = [c for c in PRODUCTS if fused.can_prepare(c, rows)]
         if len(usable) < 2:
@@ -297,7 +298,7 @@ class TargetModel:
         key = {"host": socket.gethostname(), "cpu": cpu_model(), "torch": torch.__version__, "dtype": str(self.dtype),
                "shape": [fused.hidden, fused.intermediate, len(fused.layers), fused.heads, fused.kv_heads,
                          fused.head_dim, self.vocab_size], "rows": rows, "threads": torch.get_num_threads(),
-               "candidates": usable}
+               "candidates": usable, "kernels": cpu_kernels.build_tag() if "panel" in usable else None}
         unusable = {c: (cpu_kernels.reason() if c == "panel" else "unavailable in this torch") for c in PRODUCTS
                     if c not in usable}
 
