@@ -68,14 +68,13 @@ constexpr int64_t L = 16;  // output columns per panel
 typedef v16 vp;
 typedef vi16 vpi;
 constexpr int64_t MB = 8;  // rows per register block
-constexpr bool WIDE = true;
 #else
 typedef v8 vp;
 typedef vi8 vpi;
 constexpr int64_t MB = 6;
-constexpr bool WIDE = false;
 #endif
 constexpr int64_t LN = sizeof(vp) / sizeof(float), VP = L / LN;  // lanes per vector, vectors per panel
+constexpr bool WIDE = VP == 1;  // a panel is one vector (32 registers)
 
 torch::Tensor pack(torch::Tensor w) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kFloat32 && w.device().is_cpu(),
@@ -134,7 +133,8 @@ static void rows_block(int64_t m, const float* x, int64_t ldx, const float* p, i
   }
 }
 
-// a group of np panels (np * VP vectors) for all M rows, in register blocks of at most MB rows (split evenly)
+// a group of np panels (np * VP vectors) for all M rows, in register blocks of at most MB rows (split evenly); a
+// group of another width than the blocks' (a short last one) takes its panels one at a time
 static void panel_group(int64_t np, int64_t M, const float* xp, int64_t K, const float* pa, float* yp, int64_t N,
                         int64_t n0) {
   for (int64_t m0 = 0; m0 < M;) {
@@ -168,9 +168,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor P, int64_t N) {
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t panel = g * group, np = std::min<int64_t>(group, panels - panel);
-      // a short last group: its panels one at a time
-      if (np == group) panel_group(np, M, xp, K, pp + panel * K * L, yp, N, panel * L);
-      else for (int64_t j = 0; j < np; ++j) panel_group(1, M, xp, K, pp + (panel + j) * K * L, yp, N, (panel + j) * L);
+      panel_group(np, M, xp, K, pp + panel * K * L, yp, N, panel * L);
     }
   });
   return Y;
