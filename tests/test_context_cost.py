@@ -62,3 +62,14 @@ def test_a_layout_with_a_plus_of_its_own_is_read_before_the_suffixes():
     assert parse_layout("column-major+onednn+dynamic") == ("column-major+onednn", ["dynamic"])
     assert parse_layout("fused+graphs+flash+split") == ("fused", ["graphs", "flash", "split"])
     assert parse_layout("auto") == ("auto", []) and parse_layout("+graphs") == ("auto", ["graphs"])
+
+
+@pytest.mark.skipif(not (BENCHMARKS.parent / ".git").exists(), reason="not a git checkout")
+def test_kernel_ab_takes_the_kernels_source_at_a_revision_and_refuses_a_bad_one_in_one_line():
+    kernel_ab = _module("kernel_ab")
+    source = kernel_ab.source_at("HEAD")
+    assert "torch::Tensor linear(" in source and "torch::Tensor attention(" in source
+    with pytest.raises(SystemExit) as refused:
+        kernel_ab.source_at("no-such-revision-xyz")
+    message = str(refused.value)
+    assert message.startswith("--base no-such-revision-xyz: ") and "\n" not in message
