@@ -13,7 +13,8 @@ to 8 rows × 2-4 panels; elsewhere (AVX2's 16 registers of 8 lanes, NEON) up to 
 vectors each, with 7-8 (13-14, …) rows as full 6-row blocks and a tail of 1-2 rows over two panels, and each
 panel's lines asked for 4 KB ahead in blocks of 3 or more rows (on a Zen 3 these took an 8-row product over a
 model's weights from 2.3× to 1.8× a one-row one, and its 8-token verify from 2.1-2.2× to 1.7-2.0× a decode).
-A 16-lane vector type on an AVX2 machine is emulated and its blocks spill: on a Zen 3 the products ran 5-20× and the attention 3-15× slower than the 8-lane forms, bit for bit the same results (Dec 6 2026).
+A 16-lane vector type on an AVX2 machine is emulated and its blocks spill: on a Zen 3 the products ran 5-20× and
+the attention 3-15× slower than the 8-lane forms, bit for bit the same results (Dec 6 2026).
 
 Batch-invariant by construction: every output element is one chain of fused multiply-adds over k in order, the
 same whatever the row count or the row's place in the block, so a verify block's row gives bit for bit the
