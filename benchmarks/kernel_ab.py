@@ -45,15 +45,9 @@ def source_at(revision: str) -> str:
 
 def build(source: str, label: str):
     """The kernels built from `source` (cached by its hash, beside the regular builds)."""
-    import hashlib
-    tag = hashlib.sha256((cpu_kernels.cpu_model() + torch.__version__ + source).encode()).hexdigest()[:12]
+    tag = cpu_kernels.source_tag(source)
     directory = cpu_kernels.build_directory().parent / f"ab-{tag}"
-    kept = cpu_kernels._SOURCE
-    cpu_kernels._SOURCE = source
-    try:
-        return cpu_kernels.compile_source(directory, f"evalsuite_ab_{label}_{tag}", ["-march=native"])
-    finally:
-        cpu_kernels._SOURCE = kept
+    return cpu_kernels.compile_source(directory, f"evalsuite_ab_{label}_{tag}", ["-march=native"], source)
 
 
 class _Through:

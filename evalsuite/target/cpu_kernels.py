@@ -613,10 +613,14 @@ torch::Tensor layer(torch::Tensor x, torch::Tensor norm1, torch::Tensor qkv_p, c
 """
 
 
+def source_tag(source: str = _SOURCE) -> str:
+    """A build of `source` here: the hash of the CPU model, torch version and source."""
+    return hashlib.sha256((cpu_model() + torch.__version__ + source).encode()).hexdigest()[:12]
+
+
 def build_directory():
     """Where the kernels are built and cached: one directory per CPU model, torch version and source."""
-    tag = hashlib.sha256((cpu_model() + torch.__version__ + _SOURCE).encode()).hexdigest()[:12]
-    return cache_root() / "kernels" / f"cpu-{tag}"
+    return cache_root() / "kernels" / f"cpu-{source_tag()}"
 
 
 def build_tag() -> str:
@@ -642,13 +646,14 @@ def _builder_lock(directory: Path):
         yield
 
 
-def compile_source(directory: Path, name: str, arch_flags: list[str]):
-    """Build (or load the cached build of) the kernels in `directory` as module `name` for `arch_flags`."""
+def compile_source(directory: Path, name: str, arch_flags: list[str], source: str = _SOURCE):
+    """Build (or load the cached build of) `source` (these kernels by default) in `directory` as module `name` for
+    `arch_flags`."""
     from torch.utils.cpp_extension import load_inline
 
     directory.mkdir(parents=True, exist_ok=True)
     with _builder_lock(directory):
-        return load_inline(name, _SOURCE, functions=["pack", "linear", "attention", "layer"],
+        return load_inline(name, source, functions=["pack", "linear", "attention", "layer"],
                            extra_cflags=["-O3", *arch_flags, "-fopenmp"], extra_ldflags=["-fopenmp"],
                            build_directory=str(directory), verbose=False)
 
