@@ -6,7 +6,7 @@ percent within minutes (`benchmarks/results/machine_drift_cpu.txt`). Here the ke
 revision) and the working tree's are built side by side (each into its own directory under evalsuite's cache), the
 target is loaded once, and `context_cost.measure` times every context, build and block size in turn in every repeat,
 each build's calls made through its own module over the same packed weights. The two builds are checked to give the
-same bits on the target's products first, a change of blocking or prefetching must not change a result.
+same bits on the target's products and attention first: a change of blocking or prefetching must not change a result.
 
 Usage: python benchmarks/kernel_ab.py --base HEAD~1 [--target default] [--contexts 512,2048,8000] [--repeats 11]
        [--threads 2]
@@ -65,7 +65,8 @@ class _Through:
 
 
 def same_bits(target, modules: dict) -> None:
-    """Each build's products of 1-8 rows over the target's first layer and its head, the same bits."""
+    """Each build's products of 1-8 rows over the target's first layer and its head, and its attention of 1-8-row
+    blocks over 300 and 2,100 keys in the target's head shape, the same bits."""
     fused = target.fused
     weights = [(fused.layers[0].packed[n], getattr(fused.layers[0], n).shape[0]) for n in ("qkv", "o", "gate_up", "down")]
     weights.append((fused.head_packed, fused.head.shape[0]))
@@ -76,6 +77,14 @@ def same_bits(target, modules: dict) -> None:
             results = [module.linear(x, packed, out_features) for module in modules.values()]
             if not all(torch.equal(results[0], r) for r in results[1:]):
                 raise SystemExit(f"the builds differ on a {rows}-row product of a [{out_features}, {packed.shape[1]}] weight")
+    groups = fused.heads // fused.kv_heads
+    for rows in range(1, 9):
+        for length in (300, 2100):
+            q = torch.randn(1, fused.kv_heads, groups * rows, fused.head_dim, generator=generator)
+            k, v = (torch.randn(1, fused.kv_heads, length, fused.head_dim, generator=generator) for _ in range(2))
+            results = [module.attention(q, k, v, rows, fused.head_dim ** -0.5) for module in modules.values()]
+            if not all(torch.equal(results[0], r) for r in results[1:]):
+                raise SystemExit(f"the builds differ on the attention of a {rows}-row block over {length} keys")
 
 
 def main() -> None:
@@ -100,7 +109,7 @@ def main() -> None:
     weights, kv = context_cost.weight_bytes(target), context_cost.kv_bytes_per_token(target)
     print(f"base: {args.base}'s kernels; tree: the working tree's; {args.repeats} repeats (medians; each repeat "
           f"times every context, build and block size in turn), {args.threads} threads, copy bandwidth "
-          f"{bandwidth[args.threads] / 1e9:.1f} GB/s; the same bits checked on 1-8-row products first")
+          f"{bandwidth[args.threads] / 1e9:.1f} GB/s; the same bits checked on 1-8-row products and attention first")
     for context in contexts:
         floor = (weights + kv * context) / bandwidth[args.threads]
         for name in modules:

@@ -26,7 +26,7 @@ decoder's GQA folding) against the K/V cache, causal within the block. The keys 
 threads (each chunk keeps the online-softmax state of every row, merged at the end, as flash-decoding does) and
 the rows are the vector lanes, so each key and value is read once for all rows and a dot product needs no
 horizontal sum; the exponential is a vectorised polynomial (relative error ~1e-7). Without AVX-512 the rows are
-8-lane vectors taken at most 3 at a time and the output is held transposed (`attend_rows`), so that both products
+8-lane vectors taken 3 at a time (the last 4 as 2 + 2) and the output is held transposed (`attend_rows`), so that both products
 fit 16 registers (a decode's few rows multiply P·V row by row instead); same arithmetic per element, same result.
 On the development VM it took 0.5-0.6× the time of SDPA's CPU kernel for a decode and 0.5-0.7× for an 8-token
 block at 512-8k tokens (SmolLM2's and Qwen2.5-0.5B's head shapes). Not batch-invariant as the products are: the
@@ -306,11 +306,19 @@ static void attend_chunk(const float* q, int64_t R, const float* k, const float*
 }
 
 // attend_chunk for machines with 16 vector registers of 8 lanes (AVX2; the 16-lane vectors attend_chunk also uses are
-// emulated there, 3-7x slower): the folded rows are 8-lane vectors, taken at most 3 at a time, so that the scores'
+// emulated there, 3-7x slower): the folded rows are 8-lane vectors, taken 3 at a time (the last 4 as 2 + 2), so that the scores'
 // and the output's register blocks fit the 16 registers, and the output is held transposed (accT[d][row]), so that
 // P·V broadcasts one value of V against whole lane vectors of P, as Q·Kᵀ broadcasts one of K. Each output
 // element is the same chain of operations as in attend_chunk (rescaled by alpha, then one FMA per key in key order),
 // so the two give the same result, bit for bit.
+// Keep a vector that several FMAs use in a register (x86): GCC otherwise folds its load into each FMA as a memory
+// operand, and a Zen 3 loads two vectors a cycle, so a block of 12 FMAs and 16 loads waited on its loads
+#if defined(__x86_64__)
+#define IN_REGISTER(v) __asm__("" : "+x"(v))
+#else
+#define IN_REGISTER(v) (void)0
+#endif
+
 template <int D, int NR, typename V>
 static inline void qk_rows(const float* qt, int64_t W, const float* k, int64_t ldkv, int64_t t, int64_t tn,
                            const V* lastv, int rv0, float* Sm) {
@@ -322,7 +330,10 @@ static inline void qk_rows(const float* qt, int64_t W, const float* k, int64_t l
     for (int j = 0; j < KS; ++j) kp[j] = k + (t + std::min<int64_t>(std::min<int64_t>(j0 + j, 15), tn - 1)) * ldkv;
     for (int64_t d = 0; d < D; ++d) {
       V qd[NR];
-      for (int r = 0; r < NR; ++r) qd[r] = *(const V*)(qt + d * W + (rv0 + r) * LN);
+      for (int r = 0; r < NR; ++r) {
+        qd[r] = *(const V*)(qt + d * W + (rv0 + r) * LN);
+        IN_REGISTER(qd[r]);
+      }
       for (int j = 0; j < KS; ++j) {
         const float kd = kp[j][d];
         for (int r = 0; r < NR; ++r) s[j][r] += qd[r] * kd;
@@ -337,30 +348,49 @@ static inline void qk_rows(const float* qt, int64_t W, const float* k, int64_t l
   }
 }
 
+// P·V for NB consecutive output columns d0 … of NR row vectors, over the tile's tn keys. NB is a compile-time count
+// (a block of DB, or the D % DB left over): a runtime column count inside the key loop made GCC branch in it and spill
+// an accumulator through the stack. With 3 row vectors a block is 3 columns (9 sums, the 3 P vectors and a broadcast
+// in registers: 6 loads to 9 FMAs); 4 columns (12 sums) left no register for P, whose loads GCC folded into the
+// FMAs, 16 loads to 12 FMAs. On a Zen 3 (2 threads, 8k keys, same bits) these and the register-held Q took
+// SmolLM2's 8-token block (24 folded rows) from 67-103 to 90-134 GFLOP/s (0.74-0.82x its time) and
+// Qwen2.5-0.5B's (56 rows, now 3 + 2 + 2 vectors) to 0.89-0.92x.
+template <int NB, int NR, typename V>
+static inline void pv_block(float* accT, int64_t W, const float* p, const V* a, const float* v, int64_t ldkv,
+                            int64_t t, int64_t tn, int rv0, int64_t d0) {
+  constexpr int64_t LN = sizeof(V) / sizeof(float);
+  V o[NB][NR];
+  for (int dd = 0; dd < NB; ++dd)
+    for (int r = 0; r < NR; ++r) o[dd][r] = *(V*)(accT + (d0 + dd) * W + (rv0 + r) * LN) * a[r];
+  for (int64_t j = 0; j < tn; ++j) {
+    V pj[NR];
+    for (int r = 0; r < NR; ++r) {
+      pj[r] = *(const V*)(p + j * W + (rv0 + r) * LN);
+      IN_REGISTER(pj[r]);
+    }
+    const float* vj = v + (t + j) * ldkv + d0;
+    for (int dd = 0; dd < NB; ++dd) {
+      const float vd = vj[dd];
+      for (int r = 0; r < NR; ++r) o[dd][r] += pj[r] * vd;
+    }
+  }
+  for (int dd = 0; dd < NB; ++dd)
+    for (int r = 0; r < NR; ++r) *(V*)(accT + (d0 + dd) * W + (rv0 + r) * LN) = o[dd][r];
+}
+
 template <int D, int NR, typename V>
 static inline void pv_rows(float* accT, int64_t W, const float* p, const float* alpha, const float* v, int64_t ldkv,
                            int64_t t, int64_t tn, int rv0) {
-  constexpr int64_t LN = sizeof(V) / sizeof(float), DB = NR == 3 ? 4 : NR == 2 ? 6 : 8;
+  constexpr int64_t LN = sizeof(V) / sizeof(float), DB = NR == 3 ? 3 : NR == 2 ? 6 : 8, FULL = D / DB * DB;
   V a[NR];
   for (int r = 0; r < NR; ++r) a[r] = *(const V*)(alpha + (rv0 + r) * LN);
-  for (int64_t d0 = 0; d0 < D; d0 += DB) {
-    const int64_t db = std::min<int64_t>(DB, D - d0);
-    V o[DB][NR];
-    for (int dd = 0; dd < DB; ++dd)
-      for (int r = 0; r < NR; ++r) o[dd][r] = dd < db ? *(V*)(accT + (d0 + dd) * W + (rv0 + r) * LN) * a[r] : V{};
-    for (int64_t j = 0; j < tn; ++j) {
-      V pj[NR];
-      for (int r = 0; r < NR; ++r) pj[r] = *(const V*)(p + j * W + (rv0 + r) * LN);
-      const float* vj = v + (t + j) * ldkv + d0;
-      for (int dd = 0; dd < DB; ++dd) {
-        const float vd = dd < db ? vj[dd] : 0.f;
-        for (int r = 0; r < NR; ++r) o[dd][r] += pj[r] * vd;
-      }
-    }
-    for (int dd = 0; dd < db; ++dd)
-      for (int r = 0; r < NR; ++r) *(V*)(accT + (d0 + dd) * W + (rv0 + r) * LN) = o[dd][r];
-  }
+  for (int64_t d0 = 0; d0 < FULL; d0 += DB) pv_block<DB, NR, V>(accT, W, p, a, v, ldkv, t, tn, rv0, d0);
+  if constexpr (D > FULL) pv_block<D - FULL, NR, V>(accT, W, p, a, v, ldkv, t, tn, rv0, FULL);
 }
+
+// how many of the `left` row vectors the next register block takes: 3, or 2 + 2 for the last 4 (a block of one
+// vector leaves FMA latency uncovered)
+static constexpr int row_vectors(int left) { return left == 4 ? 2 : std::min(3, left); }
 
 template <int DV, int RV, typename V, typename VI>
 static void attend_rows(const float* q, int64_t R, const float* k, const float* v, int64_t ldkv, int64_t t0,
@@ -385,8 +415,7 @@ static void attend_rows(const float* q, int64_t R, const float* k, const float* 
   alignas(64) float alpha_s[W];
   for (int64_t t = t0; t < t1; t += 16) {
     const int64_t tn = std::min<int64_t>(16, t1 - t);
-    for (int rv0 = 0; rv0 < RV; rv0 += 3) {
-      const int nr = std::min(3, RV - rv0);
+    for (int rv0 = 0, nr = row_vectors(RV); rv0 < RV; rv0 += nr, nr = row_vectors(RV - rv0)) {
       if (nr == 3) qk_rows<D, 3, V>(qt, W, k, ldkv, t, tn, lastv, rv0, Sm);
       else if (nr == 2) qk_rows<D, 2, V>(qt, W, k, ldkv, t, tn, lastv, rv0, Sm);
       else qk_rows<D, 1, V>(qt, W, k, ldkv, t, tn, lastv, rv0, Sm);
@@ -429,8 +458,7 @@ static void attend_rows(const float* q, int64_t R, const float* k, const float* 
         }
       }
     } else {
-      for (int rv0 = 0; rv0 < RV; rv0 += 3) {
-        const int nr = std::min(3, RV - rv0);
+      for (int rv0 = 0, nr = row_vectors(RV); rv0 < RV; rv0 += nr, nr = row_vectors(RV - rv0)) {
         if (nr == 3) pv_rows<D, 3, V>(accT, W, p, alpha_s, v, ldkv, t, tn, rv0);
         else if (nr == 2) pv_rows<D, 2, V>(accT, W, p, alpha_s, v, ldkv, t, tn, rv0);
         else pv_rows<D, 1, V>(accT, W, p, alpha_s, v, ldkv, t, tn, rv0);
