@@ -10,9 +10,10 @@ block_products_cpu.txt). Here each weight is repacked once into panels of 16 out
 vector registers while the panel is read once for all its rows, and the panels are split over the torch threads
 (`at::parallel_for`). The blocks follow the machine's vector registers: with AVX-512 (32 registers of 16 lanes) up
 to 8 rows × 2-4 panels; elsewhere (AVX2's 16 registers of 8 lanes, NEON) up to 6 rows × 1-4 panels of two 8-lane
-vectors each, with 7-8 (13-14, …) rows as full 6-row blocks and a tail of 1-2 rows over two panels, and each
-panel's lines asked for 4 KB ahead in blocks of 3 or more rows (on a Zen 3 these took an 8-row product over a
-model's weights from 2.3× to 1.8× a one-row one, and its 8-token verify from 2.1-2.2× to 1.7-2.0× a decode).
+vectors each, with 13-14 (19-20, …) rows as full 6-row blocks and a tail of 1-2 rows over two panels, 7-8 rows as
+the 8 lanes of one vector against a panel's 16 columns (`lanes_panel`), and each panel's lines asked for 4 KB
+ahead in blocks of 3 or more rows (on a Zen 3 the tail and the prefetch took an 8-row product over a model's
+weights from 2.3× to 1.8× a one-row one, and its 8-token verify from 2.1-2.2× to 1.7-2.0× a decode).
 A 16-lane vector type on an AVX2 machine is emulated and its blocks spill: on a Zen 3 the products ran 5-20× and
 the attention 3-15× slower than the 8-lane forms, bit for bit the same results (Dec 6 2026).
 
@@ -57,6 +58,7 @@ _SOURCE = r"""
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef int32_t vi16 __attribute__((vector_size(64), aligned(4)));
@@ -180,6 +182,29 @@ static void panel_group(int64_t np, int64_t M, const float* xp, int64_t K, const
   }
 }
 
+// 8-lane machines, 7-8 rows (a verify block of 8): the rows are the lanes of one vector (xT [K][8], a zero lane past
+// M) and a panel's 16 columns are 16 sums, each w[n,k] broadcast against the rows' x[.,k]. Every output element is
+// the same chain of FMAs over k in order as in `block` (w·x for x·w: the same exact product), so the same bits.
+// Each panel is read once, by one block, where 6 rows x 2 vectors and a 2-row tail over two panels read it twice
+// and computed the tail apart from the stream (from L3 where two panels outgrow L2: Qwen2.5-0.5B's down, K = 4864).
+// Paired on a Zen 3 (kernel_ab.py, 2 threads): Qwen2.5-0.5B's 8-token verify 0.88x its former time at 1k tokens and
+// 0.96x at 8k; SmolLM2's 0.87-1.07x over two runs (inside this VM's noise).
+static inline bool lane_rows(int64_t M) { return !WIDE && (M == 7 || M == 8); }
+
+static inline void lanes_panel(const float* xT, const float* p, int64_t K, float* y, int64_t M, int64_t n0, int64_t N) {
+  v8 acc[L];
+  for (int c = 0; c < L; ++c) acc[c] = (v8){};
+  for (int64_t k = 0; k < K; ++k) {
+    __builtin_prefetch(p + (k + 64) * L, 0, 3);
+    const v8 xv = *(const v8*)(xT + k * 8);
+    const float* wk = p + k * L;
+    for (int c = 0; c < L; ++c) acc[c] += wk[c] * xv;
+  }
+  const int64_t cols = std::min<int64_t>(L, N - n0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t c = 0; c < cols; ++c) y[m * N + n0 + c] = acc[c][m];
+}
+
 torch::Tensor linear(torch::Tensor x, torch::Tensor P, int64_t N) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 && P.dim() == 3 && x.size(-1) == P.size(1),
               "panel linear: float32 rows of the packed weight's width");
@@ -189,6 +214,16 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor P, int64_t N) {
   const float* xp = X.data_ptr<float>();
   const float* pp = P.data_ptr<float>();
   float* yp = Y.data_ptr<float>();
+  if (lane_rows(M)) {
+    std::vector<float> xT(K * 8, 0.f);
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t m = 0; m < M; ++m) xT[k * 8 + m] = xp[m * K + k];
+    const float* xt = xT.data();
+    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) lanes_panel(xt, pp + p * K * L, K, yp, M, p * L, N);
+    });
+    return Y;
+  }
   // panels per register block: more independent sums for fewer rows, as many as the registers hold
   const int64_t group = WIDE ? (M <= 2 ? 4 : 2) : (M == 1 ? 4 : M == 2 || short_tail(M) ? 2 : 1);
   const int64_t groups = (panels + group - 1) / group;
