@@ -179,3 +179,79 @@ def test_invariants_and_mismatches_are_one_line_errors(qwen3_target, tmp_path, c
     with pytest.raises(UserError, match=message) as err:
         build(qwen3_target, {"drafter": str(path)})
     assert "\n" not in str(err.value)
+
+
+def _draft_vocabulary_pair(target, tmp_path, excluded: list[int]):
+    """A full-vocabulary checkpoint whose output_proj rows for `excluded` are 0, and the same drafter with a draft
+    vocabulary of every other id in a shuffled order (so d2t is not the identity): prev_token_embedding and
+    output_proj rows copied from the full one, a last shared row for tokens outside the vocabulary."""
+    from safetensors.torch import load_file, save_file
+
+    full = dlite_checkpoint(tmp_path / "full", target)
+    tensors = load_file(str(full / "model.safetensors"))
+    tensors["sequential_head.output_proj.weight"][excluded] = 0
+    save_file(tensors, str(full / "model.safetensors"), metadata={"format": "pt"})
+    kept = torch.tensor([i for i in range(target.vocab_size) if i not in excluded])
+    kept = kept[torch.randperm(kept.numel(), generator=torch.Generator().manual_seed(1))]
+    reduced = dlite_checkpoint(tmp_path / "reduced", target, draft_vocab_size=kept.numel())
+    head = "sequential_head."
+    small = dict(tensors)
+    small[head + "output_proj.weight"] = tensors[head + "output_proj.weight"][kept]
+    small[head + "prev_token_embedding.weight"] = torch.cat(
+        [tensors[head + "prev_token_embedding.weight"][kept], torch.ones(1, tensors[head + "output_proj.weight"].shape[1])])
+    small[head + "d2t"] = kept - torch.arange(kept.numel())
+    save_file(small, str(reduced / "model.safetensors"), metadata={"format": "pt"})
+    return full, reduced, kept
+
+
+def test_a_draft_vocabulary_proposes_what_the_full_head_would_and_stays_lossless(qwen3_target, tmp_path):
+    """dlite_config.draft_vocab_size: the head's rows are a draft vocabulary mapped back by d2t. Where the full
+    head never chooses the ids left out (their rows are 0, the others' maxima positive) and no prompt token is left
+    out, the two propose the same target ids at every step; decoding is lossless; at T > 0 the proposal is the
+    softmax over the draft rows, scattered to the target ids and 0 elsewhere."""
+    excluded = [5, 6, 250, 251, 252]
+    assert not set(excluded) & set(PROMPT)
+    full_path, reduced_path, kept = _draft_vocabulary_pair(qwen3_target, tmp_path, excluded)
+    full, reduced = build(qwen3_target, {"drafter": str(full_path)}), build(qwen3_target, {"drafter": str(reduced_path)})
+    assert reduced.describe()["draft_vocab_size"] == qwen3_target.vocab_size - len(excluded)
+    assert full.describe()["draft_vocab_size"] == qwen3_target.vocab_size
+    features = torch.randn(len(PROMPT) - 1, 4, qwen3_target.hidden_size)
+    for drafter in (full, reduced):
+        drafter.start_turn(torch.tensor(PROMPT), features)
+    greedy = Sampling(temperature=0.0)
+    a, b = full.propose(7, greedy, None).tokens, reduced.propose(7, greedy, None).tokens
+    assert a.tolist() == b.tolist() and not set(b.tolist()) & set(excluded)
+
+    reference = decode(qwen3_target, AutoregressiveMethod(qwen3_target.device), PROMPT, 30, k=1).output_ids
+    result = decode(qwen3_target, reduced, PROMPT, 30, k=7)
+    assert result.output_ids == reference
+    full_result = decode(qwen3_target, full, PROMPT, 30, k=7)
+    assert [s.num_accepted for s in result.steps] == [s.num_accepted for s in full_result.steps]
+
+    reduced.start_turn(torch.tensor(PROMPT), features)
+    proposal = reduced.propose(3, Sampling(temperature=0.7), torch.Generator().manual_seed(0))
+    assert proposal.probs.shape == (3, qwen3_target.vocab_size)
+    torch.testing.assert_close(proposal.probs.sum(-1), torch.ones(3))
+    assert float(proposal.probs[:, excluded].abs().sum()) == 0.0
+    head = reduced.model.sequential_head
+    assert torch.equal(head.target_ids(), kept) and torch.equal(head.to_draft(kept), torch.arange(kept.numel()))
+    assert int(head.to_draft(torch.tensor(excluded[0]))) == kept.numel()  # the shared row outside the vocabulary
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c, t: c["dlite_config"].update(draft_vocab_size=100000), "draft_vocab_size 100000 must be in 1.."),
+    (lambda c, t: t.update({"sequential_head.d2t": -torch.arange(t["sequential_head.d2t"].numel())}), "one-to-one"),
+    (lambda c, t: t.pop("sequential_head.d2t"), "d2t"),
+])
+def test_draft_vocabulary_errors_are_one_line(qwen3_target, tmp_path, change, message):
+    from safetensors.torch import load_file, save_file
+
+    _, path, _ = _draft_vocabulary_pair(qwen3_target, tmp_path, [5, 6])
+    config = json.loads((path / "config.json").read_text())
+    tensors = load_file(str(path / "model.safetensors"))
+    change(config, tensors)
+    (path / "config.json").write_text(json.dumps(config))
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(UserError, match=message) as err:
+        build(qwen3_target, {"drafter": str(path)})
+    assert "\n" not in str(err.value)

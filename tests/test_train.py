@@ -250,3 +250,51 @@ def test_init_refuses_another_method_and_the_two_stage_dlite(setup, tmp_path):
     _, _, dlite, _ = _recipe(setup, "dlite")  # SMALL dlite is two-stage
     with pytest.raises(UserError, match="single_stage=true"):
         dlite.load_init(other)
+
+
+def test_dlite_with_a_draft_vocabulary_trains_exports_loads_and_warm_starts(setup, tmp_path):
+    """`--set draft_vocab=N`: the head spans the N most frequent greedy tokens of the training replies
+    (`draft_vocabulary`, as EAGLE-3's recipe chooses its own), the checkpoint carries draft_vocab_size and d2t,
+    loads through the method factory and decodes losslessly; validation counts a label outside the vocabulary as
+    a miss; a warm start from it keeps its vocabulary."""
+    from safetensors.torch import load_file
+
+    from evalsuite.train.recipes.common import draft_vocabulary
+
+    overrides = {**SMALL["dlite"], "single_stage": "true", "draft_vocab": "40", "head_warm_start_steps": "30"}
+    out = tmp_path / "dl"
+    req = request(setup, "dlite", out, steps=6)
+    req.overrides = overrides
+    report = train(req)
+    config = json.loads((out / "config.json").read_text())
+    assert config["dlite_config"]["draft_vocab_size"] == 40
+    tensors = load_file(str(out / "model.safetensors"))
+    assert tensors["sequential_head.output_proj.weight"].shape == (40, 8)
+    assert tensors["sequential_head.prev_token_embedding.weight"].shape == (41, 8)
+    target, cache, _, train_seqs = _recipe(setup, "dlite")
+    vocab = draft_vocabulary(cache, train_seqs, 40, target.vocab_size)
+    assert torch.equal(tensors["sequential_head.d2t"] + torch.arange(40), vocab)
+    assert report["recipe"]["draft_vocabulary"] == 40 and "tau_student" in report["validation"]
+
+    drafter = get_method("dlite").factory(target, {"drafter": str(out)})
+    assert torch.equal(drafter.model.sequential_head.target_ids(), vocab)
+    prompt = cache.tokens[cache.span(train_seqs[0])[0]:cache.span(train_seqs[0])[1]].tolist()
+    from evalsuite.methods.ar import AutoregressiveMethod
+
+    reference = decode(target, AutoregressiveMethod(target.device), prompt, 24, k=1).output_ids
+    assert decode(target, drafter, prompt, 24, k=7).output_ids == reference
+
+    recipe = build_recipe("dlite", target, cache, parse_overrides(recipe_for("dlite").options_type,
+                                                                  {**overrides, "seed": "3"}, "dlite"), train_seqs)
+    head = recipe.student.sequential_head
+    outside = next(i for i in range(target.vocab_size) if i not in set(vocab.tolist()))
+    valid = recipe.train_sub.targets({"labels": torch.tensor([int(vocab[0]), outside]), "topk_ids": torch.zeros(2, 1,
+                                      dtype=torch.long), "topk_probs": torch.ones(2, 1),
+                                      "valid": torch.tensor([True, True])}, misses=True)
+    assert valid["labels"].tolist() == [0, -1] and valid["valid"].tolist() == [True, True]
+    recipe.load_init(out)
+    assert torch.equal(head.target_ids(), vocab) and torch.equal(recipe.train_sub.ids, vocab)
+    recipe.export(tmp_path / "again")
+    again = load_file(str(tmp_path / "again" / "model.safetensors"))
+    for key in tensors:
+        torch.testing.assert_close(again[key], tensors[key], rtol=0, atol=0, msg=key)

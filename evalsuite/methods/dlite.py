@@ -24,7 +24,9 @@ target_layer_ids, sequential_head: rnn, sequential_rank, mask_token_id}`; keys `
 `layer_depth_embedding.weight` [num_target_layers, H], `context_norm.weight`,
 `sequential_head.{prev_token_embedding,output_proj,state_proj,state_hidden_mlp}.*`.
 The inference release accepts architecture_version "dlite_v1"; "dlite_v2" (the G=2 layout of the training
-repo) is accepted too.
+repo) is accepted too. An evalsuite extension, `dlite_config.draft_vocab_size` V' < vocab_size, gives the head a
+draft vocabulary (`SequentialHead`): `output_proj` [V', R], `prev_token_embedding` [V'+1, R] and the buffer
+`sequential_head.d2t` [V'] (EAGLE-3's convention); without it the head spans the vocabulary as the reference's.
 
 Random-init default (no checkpoint): block 8, G = `options["anchor_group_size"]` (1), S = min(7, L) target
 layers, 5 layers of the target's layer sizes, rank 256.
@@ -38,6 +40,7 @@ import torch
 from torch import nn
 
 from evalsuite.catalog import SEED, MethodSpec, Option, positive
+from evalsuite.errors import UserError
 from evalsuite.methods.base import Method, DraftState, Proposal, Sampling, tensor_bytes
 from evalsuite.methods.checkpoints import check_fit, drafter_source, load_checkpoint, load_weights
 from evalsuite.methods.draft_layers import (
@@ -84,6 +87,7 @@ class DLiteSettings:
     sequential_rank: int
     mask_token_id: int
     architecture_version: str = "dlite_v1"
+    draft_vocab_size: int | None = None  # None: the head spans the target's vocabulary (the reference's)
 
     @property
     def predictions(self) -> int:
@@ -115,27 +119,81 @@ class DLiteSettings:
         require(head == "rnn", who, f"sequential_head '{head}' is not supported (only 'rnn' exists)")
         rank = int(dl["sequential_rank"])
         require(rank > 0, who, f"sequential_rank must be positive, got {rank}")
-        return cls(block, group, tuple(ids), layers, rank, int(dl["mask_token_id"]), str(version))
+        draft_vocab = dl.get("draft_vocab_size")
+        vocab = config.get("vocab_size")
+        if draft_vocab is not None:
+            draft_vocab = int(draft_vocab)
+            require(draft_vocab > 0 and (vocab is None or draft_vocab <= int(vocab)), who,
+                    f"dlite_config.draft_vocab_size {draft_vocab} must be in 1..vocab_size ({vocab})")
+            if vocab is not None and draft_vocab == int(vocab):
+                draft_vocab = None  # the whole vocabulary: the reference head
+        return cls(block, group, tuple(ids), layers, rank, int(dl["mask_token_id"]), str(version), draft_vocab)
 
 
 class SequentialHead(nn.Module):
-    """DLite's low-rank RNN vocabulary head (key names as in `sequential_head.py`)."""
+    """DLite's low-rank RNN vocabulary head (key names as in `sequential_head.py`).
 
-    def __init__(self, vocab: int, rank: int, hidden: int):
+    With a draft vocabulary (`draft_vocab` < vocab; an evalsuite extension, the reference head spans the whole
+    vocabulary) `output_proj` has one row per draft token, mapped back to target ids by the buffer `d2t` as in
+    EAGLE-3's format (target id = draft id + d2t[draft id]), and `prev_token_embedding` one row per draft token
+    plus a last row shared by every token outside the draft vocabulary (an anchor can be any token). Every method
+    takes and returns target ids; the mapping stays inside the head."""
+
+    def __init__(self, vocab: int, rank: int, hidden: int, draft_vocab: int | None = None):
         super().__init__()
+        rows = vocab if draft_vocab is None else draft_vocab
+        if not 0 < rows <= vocab:
+            raise ValueError(f"draft vocabulary {rows} must be in 1..{vocab}")
         self.rank = rank
-        self.prev_token_embedding = nn.Embedding(vocab, rank)
-        self.output_proj = nn.Linear(rank, vocab, bias=False)
+        self.vocab = vocab
+        self.reduced = rows < vocab
+        self.prev_token_embedding = nn.Embedding(rows + 1 if self.reduced else rows, rank)
+        self.output_proj = nn.Linear(rank, rows, bias=False)
         self.state_proj = nn.Linear(2 * rank, 2 * rank)
         self.state_hidden_mlp = nn.Linear(rank + hidden, rank)
+        if self.reduced:
+            self.register_buffer("d2t", torch.zeros(rows, dtype=torch.long))
+            self.register_buffer("t2d", torch.full((vocab,), rows, dtype=torch.long), persistent=False)
+        else:
+            self.d2t = self.t2d = None
+
+    def use_vocabulary(self, target_ids: torch.Tensor) -> None:
+        """Set the draft vocabulary: draft id i is target id target_ids[i] (distinct ids)."""
+        with torch.no_grad():
+            self.d2t.copy_(target_ids.to(self.d2t.device) - torch.arange(self.d2t.numel(), device=self.d2t.device))
+        self.refresh_vocabulary()
+
+    def refresh_vocabulary(self) -> None:
+        """Rebuild the target → draft map from `d2t` (after loading it)."""
+        if not self.reduced:
+            return
+        targets = self.target_ids()
+        if int(targets.min()) < 0 or int(targets.max()) >= self.vocab or targets.unique().numel() != targets.numel():
+            raise ValueError("d2t does not map the draft vocabulary one-to-one into the target vocabulary")
+        self.t2d.fill_(self.d2t.numel())
+        self.t2d[targets] = torch.arange(targets.numel(), device=targets.device)
+
+    def target_ids(self) -> torch.Tensor:
+        """[rows of output_proj] the target id of every draft id."""
+        rows = self.output_proj.weight.shape[0]
+        ids = torch.arange(rows, device=self.output_proj.weight.device)
+        return ids + self.d2t if self.reduced else ids
+
+    def to_draft(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Target ids → rows of prev_token_embedding (the shared last row outside the draft vocabulary)."""
+        return self.t2d[tokens] if self.reduced else tokens
+
+    def to_target(self, draft: torch.Tensor) -> torch.Tensor:
+        """Rows of output_proj (draft ids) → target ids."""
+        return draft + self.d2t[draft] if self.reduced else draft
 
     def step(self, prev_token: torch.Tensor, hidden: torch.Tensor, state: torch.Tensor):
-        """prev_token 0-d id, hidden [H], state [R] → (latent [R], new state [R])."""
-        e = self.prev_token_embedding(prev_token)
-        gate_raw, candidate = self.state_proj(torch.cat([state, e])).chunk(2)
+        """prev_token [...] target ids, hidden [..., H], state [..., R] → (latent [..., R], new state [..., R])."""
+        e = self.prev_token_embedding(self.to_draft(prev_token))
+        gate_raw, candidate = self.state_proj(torch.cat([state, e], dim=-1)).chunk(2, dim=-1)
         gate = torch.sigmoid(gate_raw)
         state = gate * state + (1.0 - gate) * torch.tanh(candidate)
-        return self.state_hidden_mlp(torch.cat([state, hidden])), state
+        return self.state_hidden_mlp(torch.cat([state, hidden], dim=-1)), state
 
     def seeded_state(self, token: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """`_seed_rnn_state`: one step on the token before the anchor, zero hidden, zero state."""
@@ -148,7 +206,8 @@ class DLiteModel(DraftBackbone):
         super().__init__(cfg)
         self.layer_depth_embedding = nn.Embedding(settings.num_target_layers, cfg.hidden_size)
         self.context_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.sequential_head = SequentialHead(cfg.vocab_size, settings.sequential_rank, cfg.hidden_size)
+        self.sequential_head = SequentialHead(cfg.vocab_size, settings.sequential_rank, cfg.hidden_size,
+                                              settings.draft_vocab_size)
 
 
 def block_positions(group: int, block_size: int, slots: int, device=None) -> torch.Tensor:
@@ -213,7 +272,10 @@ class DLiteMethod(Method):
         tokens, probs = [], []
         for j in range(hidden.shape[0]):
             latent, state = head.step(previous, hidden[j], state)
-            previous, dist = next_token(head.output_proj(latent), sampling.temperature, generator)
+            draft, dist = next_token(head.output_proj(latent), sampling.temperature, generator)
+            previous = head.to_target(draft)
+            if dist is not None and head.reduced:  # the proposal over the target's vocabulary: 0 outside the head's
+                dist = dist.new_zeros(head.vocab).index_copy_(0, head.target_ids(), dist)
             tokens.append(previous)
             probs.append(dist)
         return stack_proposal(tokens, probs, self.device)
@@ -227,6 +289,7 @@ class DLiteMethod(Method):
         return {**super().describe(), **self.provenance, "block_size": s.block_size,
                 "anchor_group_size": s.anchor_group_size, "sequential_rank": s.sequential_rank,
                 "mask_token_id": s.mask_token_id, "architecture_version": s.architecture_version,
+                "draft_vocab_size": s.draft_vocab_size or self.model.sequential_head.vocab,
                 "slots_predict": "masks only (mask k → position a+k)", "positions": "local",
                 "embed_tokens": "target", "lm_head": "own rank-R RNN head"}
 
@@ -263,6 +326,10 @@ def build(target, options: dict) -> Method:
     state = checkpoint.state_dict(target.device, target.dtype)
     model = materialize(lambda: DLiteModel(cfg, settings), target.device, target.dtype)
     load_weights(model, state, who)
+    try:
+        model.sequential_head.refresh_vocabulary()
+    except ValueError as error:
+        raise UserError(f"{who}: {error}; re-download the checkpoint") from None
     drafter = DLiteMethod(target, model, settings, {"weights": "checkpoint", "layers": cfg.num_hidden_layers})
     drafter.checkpoint_path, drafter.checkpoint_hash = str(checkpoint.path), checkpoint.sha256
     return drafter

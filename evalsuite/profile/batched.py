@@ -191,19 +191,12 @@ class BatchedDLite(BatchedDrafter):
         head = self.method.model.sequential_head
         state = hidden.new_zeros(self.batch, head.rank)
         if self.settings.anchor_group_size > 1:
-            e = head.prev_token_embedding(self.recent[:, -2])
-            gate_raw, candidate = head.state_proj(torch.cat([state, e], dim=-1)).chunk(2, dim=-1)
-            gate = torch.sigmoid(gate_raw)
-            state = gate * state + (1.0 - gate) * torch.tanh(candidate)
+            _, state = head.step(self.recent[:, -2], hidden.new_zeros(self.batch, hidden.shape[-1]), state)
         previous = self.recent[:, -1]
         tokens = []
         for j in range(hidden.shape[1]):
-            e = head.prev_token_embedding(previous)
-            gate_raw, candidate = head.state_proj(torch.cat([state, e], dim=-1)).chunk(2, dim=-1)
-            gate = torch.sigmoid(gate_raw)
-            state = gate * state + (1.0 - gate) * torch.tanh(candidate)
-            latent = head.state_hidden_mlp(torch.cat([state, hidden[:, j]], dim=-1))
-            previous = head.output_proj(latent).argmax(dim=-1)
+            latent, state = head.step(previous, hidden[:, j], state)
+            previous = head.to_target(head.output_proj(latent).argmax(dim=-1))
             tokens.append(previous)
         return torch.stack(tokens, dim=1) if tokens else self.recent.new_empty(self.batch, 0)
 

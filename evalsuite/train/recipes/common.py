@@ -92,6 +92,17 @@ def training_vocabulary(cache: FeatureCache, sequences: list[int], top: int) -> 
     return torch.from_numpy(np.flatnonzero(seen))
 
 
+def draft_vocabulary(cache: FeatureCache, sequences: list[int], size: int, vocab_size: int) -> torch.Tensor:
+    """The `size` most frequent greedy target tokens over the reply positions of `sequences`, sorted by id
+    (ties and unseen tokens filled by id order)."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for seq in sequences:
+        start, prompt_end, end = cache.span(seq)
+        np.add.at(counts, np.asarray(cache.greedy[max(prompt_end - 1, start):end], dtype=np.int64), 1)
+    order = np.lexsort((np.arange(vocab_size), -counts))[:size]
+    return torch.from_numpy(np.sort(order))
+
+
 class SubVocabulary:
     """Logits over a training vocabulary and the mapping of targets into it (ids outside it get -1)."""
 
@@ -100,10 +111,14 @@ class SubVocabulary:
         self.index = torch.full((vocab_size,), -1, dtype=torch.long, device=device)
         self.index[self.ids] = torch.arange(self.ids.numel(), device=device)
 
-    def targets(self, tgt: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Labels and top-K ids as sub-vocabulary indices; top-K entries outside it lose their probability."""
+    def targets(self, tgt: dict[str, torch.Tensor], misses: bool = False) -> dict[str, torch.Tensor]:
+        """Labels and top-K ids as sub-vocabulary indices; top-K entries outside it lose their probability.
+        Training drops the positions whose label is outside; with `misses` (validating a head that can only
+        propose these tokens) they stay, labelled -1, which no prediction matches."""
         ids = self.index[tgt["topk_ids"]]
         labels = self.index[tgt["labels"]]
+        if misses:
+            return {**tgt, "labels": labels, "topk_ids": ids.clamp(min=0), "topk_probs": tgt["topk_probs"] * (ids >= 0)}
         return {**tgt, "labels": labels.clamp(min=0), "topk_ids": ids.clamp(min=0),
                 "topk_probs": tgt["topk_probs"] * (ids >= 0), "valid": tgt["valid"] & (labels >= 0)}
 
@@ -291,10 +306,13 @@ def target_final_norm(target) -> torch.Tensor:
     return target.model.model.norm.weight.detach().float()
 
 
-def lm_head_factors(target, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A rank-R factorisation of the target's lm_head W [V, H] ≈ A @ B, A [V, R], B [R, H] (truncated SVD,
-    singular values split evenly), from the eigendecomposition of the small H × H Gram matrix."""
+def lm_head_factors(target, rank: int, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A rank-R factorisation of the target's lm_head W [V, H] (or of its `rows` only, a draft vocabulary)
+    ≈ A @ B, A [V, R], B [R, H] (truncated SVD, singular values split evenly), from the eigendecomposition of the
+    small H × H Gram matrix."""
     W = target.lm_head.weight.detach().double()
+    if rows is not None:
+        W = W[rows.to(W.device)]
     eigvals, eigvecs = torch.linalg.eigh(W.T @ W)  # ascending
     top = eigvecs[:, -rank:].flip(-1)  # [H, R] right singular vectors
     sigma = eigvals[-rank:].flip(-1).clamp_min(1e-12).sqrt()
@@ -306,11 +324,29 @@ def lm_head_factors(target, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
 HEAD_FIT_DIR = "head_fit"  # under the feature cache: fitted heads, one file per set of inputs
 
 
+def reply_states(cache: FeatureCache, sequences: list[int], index: int,
+                 limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stored hidden state (feature slot `index`) and the target's greedy token at every reply position of
+    `sequences`, in order (the first `limit` positions when given)."""
+    rows, labels, count = [], [], 0
+    for seq in sequences:
+        start, prompt_end, end = cache.span(seq)
+        lo = max(prompt_end - 1, start)
+        rows.append(np.asarray(cache.hidden[lo:end, index], dtype=np.float32))
+        labels.append(np.asarray(cache.greedy[lo:end], dtype=np.int64))
+        count += end - lo
+        if limit is not None and count >= limit:
+            break
+    return (torch.from_numpy(np.concatenate(rows)[:limit]), torch.from_numpy(np.concatenate(labels)[:limit]))
+
+
 def fit_low_rank_head(cache: FeatureCache, sequences: list[int], last_layer: int, A: torch.Tensor,
                       B: torch.Tensor, steps: int, lr: float = 3e-3, batch: int = 256, seed: int = 0,
-                      limit: int = 200_000) -> dict:
+                      limit: int = 200_000, vocab: torch.Tensor | None = None) -> dict:
     """Fit a rank-R head logits = A (B h) in place, on the target's own last-layer (post-norm) hidden states h at
-    reply positions of the training sequences, to the target's greedy token there (CE).
+    reply positions of the training sequences, to the target's greedy token there (CE). With `vocab` (a draft
+    vocabulary: A's row i is target id vocab[i]) positions whose token is outside it are not trained on and count
+    as misses in the held-back accuracy.
 
     Why: the truncated SVD of a 49k-row lm_head keeps almost none of its argmax at small R (for SmolLM2, R=32
     agrees with the full head on 0.3 % of positions, R=256 on 10 %), and a head learned from scratch is most of
@@ -322,11 +358,13 @@ def fit_low_rank_head(cache: FeatureCache, sequences: list[int], last_layer: int
     instead of fitting again (on a 152k-token vocabulary the fit is ~20 CPU-minutes, and a resume used to redo it
     only for the checkpoint to overwrite it)."""
     if steps <= 0:
-        return _fit_low_rank_head(cache, sequences, last_layer, A, B, steps, lr, batch, seed, limit)
+        return _fit_low_rank_head(cache, sequences, last_layer, A, B, steps, lr, batch, seed, limit, vocab)
     key = hashlib.sha256(json.dumps({
         "meta": (cache.directory / "meta.json").read_text(), "sequences": [int(s) for s in sequences],
         "last_layer": last_layer, "steps": steps, "lr": lr, "batch": batch, "seed": seed, "limit": limit,
-        "shapes": [list(A.shape), list(B.shape)]}, sort_keys=True).encode())
+        "shapes": [list(A.shape), list(B.shape)],
+        **({"vocab": hashlib.sha256(vocab.cpu().numpy().tobytes()).hexdigest()} if vocab is not None else {})},
+        sort_keys=True).encode())
     key.update(A.detach().float().cpu().numpy().tobytes())
     key.update(B.detach().float().cpu().numpy().tobytes())
     memo = cache.directory / HEAD_FIT_DIR / f"{key.hexdigest()[:24]}.safetensors"
@@ -336,7 +374,7 @@ def fit_low_rank_head(cache: FeatureCache, sequences: list[int], last_layer: int
                 A.copy_(stored.get_tensor("A"))
                 B.copy_(stored.get_tensor("B"))
             return json.loads(stored.metadata()["fit"])
-    fit = _fit_low_rank_head(cache, sequences, last_layer, A, B, steps, lr, batch, seed, limit)
+    fit = _fit_low_rank_head(cache, sequences, last_layer, A, B, steps, lr, batch, seed, limit, vocab)
     memo.parent.mkdir(exist_ok=True)
     tmp = memo.with_suffix(".tmp")
     save_file({"A": A.detach().contiguous().cpu(), "B": B.detach().contiguous().cpu()}, str(tmp),
@@ -346,22 +384,19 @@ def fit_low_rank_head(cache: FeatureCache, sequences: list[int], last_layer: int
 
 
 def _fit_low_rank_head(cache: FeatureCache, sequences: list[int], last_layer: int, A: torch.Tensor,
-                       B: torch.Tensor, steps: int, lr: float, batch: int, seed: int, limit: int) -> dict:
-    index = cache.layer_index([last_layer], "the head warm start")[0]
-    rows, labels = [], []
-    for seq in sequences:
-        start, prompt_end, end = cache.span(seq)
-        lo = max(prompt_end - 1, start)
-        rows.append(np.asarray(cache.hidden[lo:end, index], dtype=np.float32))
-        labels.append(np.asarray(cache.greedy[lo:end], dtype=np.int64))
-        if sum(len(r) for r in rows) >= limit:
-            break
-    h = torch.from_numpy(np.concatenate(rows)[:limit]).to(A.device)
-    y = torch.from_numpy(np.concatenate(labels)[:limit]).to(A.device)
+                       B: torch.Tensor, steps: int, lr: float, batch: int, seed: int, limit: int,
+                       vocab: torch.Tensor | None = None) -> dict:
+    h, y = reply_states(cache, sequences, cache.layer_index([last_layer], "the head warm start")[0], limit)
+    h, y = h.to(A.device), y.to(A.device)
+    if vocab is not None:  # target ids → rows of A; -1 outside the draft vocabulary
+        index = torch.full((cache.meta.vocab_size,), -1, dtype=torch.long, device=A.device)
+        index[vocab.to(A.device)] = torch.arange(vocab.numel(), device=A.device)
+        y = index[y]
     gen = torch.Generator().manual_seed(seed)
     perm = torch.randperm(h.shape[0], generator=gen)
     n_held = min(2048, h.shape[0] // 10)
     held, train = perm[:n_held], perm[n_held:]
+    train = train[y[train] >= 0]
     A.requires_grad_(True)
     B.requires_grad_(True)
     opt = torch.optim.AdamW([A, B], lr=lr, weight_decay=0.0)

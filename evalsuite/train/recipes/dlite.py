@@ -34,7 +34,7 @@ from evalsuite.train.features import FeatureCache
 from evalsuite.train.forward import block_layers
 from evalsuite.train.loop import Batch, Stage
 from evalsuite.train.recipes.common import (
-    Recipe, SequenceReader, SubVocabulary, block_targets, chain_tau, feature_rms, fit_low_rank_head,
+    Recipe, SequenceReader, SubVocabulary, block_targets, chain_tau, draft_vocabulary, feature_rms, fit_low_rank_head,
     lm_head_factors, param_count, qwen3_layer_config, register_recipe, save_checkpoint, scale_fusion_init_,
     target_final_norm, training_vocabulary,
 )
@@ -60,6 +60,7 @@ class DLiteOptions:
     anchors_per_seq: int = 16
     single_stage: bool = False
     train_vocab_top: int = 0  # >0: training softmax over tokens in the target's top-N somewhere (0 = full vocabulary)
+    draft_vocab: int = 0  # >0: the head's own vocabulary, the N most frequent greedy tokens (0 = the target's)
     head_warm_start_steps: int = 1500  # fit the rank-R head on the target's last hidden states first (0: SVD only)
     seed: int = 0
 
@@ -70,16 +71,13 @@ def feature_layers(num_target_layers: int, options: DLiteOptions = DLiteOptions(
 
 def rnn_logits(head: SequentialHead, hidden: torch.Tensor, prev: torch.Tensor,
                rows: torch.Tensor | None = None) -> torch.Tensor:
-    """The RNN head over a block, batched and teacher-forced: hidden [A, K, H], prev [A, K] → logits [A, K, V]
-    (or over the vocabulary `rows` only). Same recurrence as `SequentialHead.step` (state 0 at the start, G=1)."""
+    """The RNN head over a block, batched and teacher-forced: hidden [A, K, H], prev [A, K] target ids → logits
+    [A, K, rows of output_proj] (or over the rows `rows` only), by `SequentialHead.step` (state 0 at the start, G=1)."""
     state = hidden.new_zeros(hidden.shape[0], head.rank)
     latents = []
     for k in range(hidden.shape[1]):
-        e = head.prev_token_embedding(prev[:, k])
-        gate_raw, candidate = head.state_proj(torch.cat([state, e], dim=-1)).chunk(2, dim=-1)
-        gate = torch.sigmoid(gate_raw)
-        state = gate * state + (1.0 - gate) * torch.tanh(candidate)
-        latents.append(head.state_hidden_mlp(torch.cat([state, hidden[:, k]], dim=-1)))
+        latent, state = head.step(prev[:, k], hidden[:, k], state)
+        latents.append(latent)
     weight = head.output_proj.weight if rows is None else head.output_proj.weight[rows]
     return torch.nn.functional.linear(torch.stack(latents, dim=1), weight)
 
@@ -118,7 +116,17 @@ class DLiteRecipe(Recipe):
         super().__init__(target, options)
         L, ids = target.num_layers, self.ids
         mask, self.mask_how = default_mask_token_id(target)
-        self.settings = DLiteSettings(options.block_size, 1, ids, L, options.rank, mask)
+        vocab = None  # the head's draft vocabulary (target ids), None: the whole vocabulary
+        if options.draft_vocab > 0:
+            if options.train_vocab_top > 0:
+                raise UserError("dlite: draft_vocab and train_vocab_top both restrict the head's softmax; set one")
+            if options.draft_vocab > target.vocab_size:
+                raise UserError(f"dlite: draft_vocab {options.draft_vocab} exceeds the target's vocabulary "
+                                f"({target.vocab_size})")
+            if options.draft_vocab < target.vocab_size:
+                vocab = draft_vocabulary(cache, train_sequences, options.draft_vocab, target.vocab_size)
+        self.settings = DLiteSettings(options.block_size, 1, ids, L, options.rank, mask,
+                                      draft_vocab_size=None if vocab is None else vocab.numel())
         self.layer_config = qwen3_layer_config(target, options.layers, options.intermediate_size)
         cfg = qwen3_config(self.layer_config, "dlite training")
         torch.manual_seed(options.seed)
@@ -129,13 +137,15 @@ class DLiteRecipe(Recipe):
             self.teacher = DLiteTeacher(cfg, self.settings).to(self.device)
             init_random_(self.teacher, options.seed + 1)
         slot_rms = feature_rms(cache, cache.layer_index(ids, "dlite"), train_sequences, normalize=True)
-        A, B = lm_head_factors(target, options.rank)
+        A, B = lm_head_factors(target, options.rank, vocab)
         self.head_fit = {"steps": 0}
         if options.head_warm_start_steps > 0:
             self.head_fit = fit_low_rank_head(cache, train_sequences, ids[-1], A, B, options.head_warm_start_steps,
-                                              seed=options.seed)
+                                              seed=options.seed, vocab=vocab)
         for model in [self.student] + ([self.teacher.core] if self.teacher is not None else []):
             init_from_target(model, target, A, B)
+            if vocab is not None:
+                model.sequential_head.use_vocabulary(vocab)
             with torch.no_grad():  # slots start standardised: RMSNorm, then each dimension divided by its scale
                 model.context_norm.weight.copy_(1.0 / slot_rms.pow(2).mean(0).sqrt())
         if self.teacher is not None:
@@ -149,9 +159,16 @@ class DLiteRecipe(Recipe):
         self.depth_ids = torch.tensor(ids, device=self.device)
         self.offsets = torch.arange(1, options.block_size, device=self.device)
         self.weights = losses.position_weights(options.block_size - 1, options.gamma, self.device)
-        self.sub = None  # set: training logits over the training vocabulary; None: full (validation)
+        # sub: labels mapped into a sub-vocabulary. train_vocab_top: the training softmax over the rows of a
+        # full-vocabulary head that the target ranks high (validation argmaxes over all rows: sub None); a draft
+        # vocabulary: the head's own rows, in training and validation alike (`validating`: labels outside it
+        # are misses there instead of dropped positions).
+        self.reduced_head = vocab is not None
+        self.validating = False
         self.train_sub = None
-        if options.train_vocab_top > 0:
+        if self.reduced_head:
+            self.train_sub = SubVocabulary(vocab, target.vocab_size, self.device)
+        elif options.train_vocab_top > 0:
             vocab = training_vocabulary(cache, train_sequences, options.train_vocab_top)
             self.train_sub = SubVocabulary(vocab, target.vocab_size, self.device)
         self.sub = self.train_sub
@@ -177,7 +194,7 @@ class DLiteRecipe(Recipe):
         return rnn_logits(m.sequential_head, out[:, 1:], prev, self._rows())
 
     def _rows(self):
-        return self.sub.ids if self.sub is not None else None
+        return self.sub.ids if self.sub is not None and not self.reduced_head else None
 
     def teacher_logits(self, seq, anchors: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
         t = self.teacher
@@ -199,7 +216,7 @@ class DLiteRecipe(Recipe):
             seq = self.read(seq_id)
             anchors = torch.as_tensor(anchors, device=self.device)
             tgt = block_targets(seq, anchors, self.offsets)
-            yield seq, anchors, tgt if self.sub is None else self.sub.targets(tgt)
+            yield seq, anchors, tgt if self.sub is None else self.sub.targets(tgt, misses=self.validating)
 
     # ---- losses ------------------------------------------------------------------------------------------------
     def _mean_terms(self, batch: Batch, fn) -> dict[str, torch.Tensor]:
@@ -283,11 +300,14 @@ class DLiteRecipe(Recipe):
         ]
 
     def validate(self, batch: Batch) -> dict[str, float]:
-        self.sub = None  # the drafter argmaxes over the full vocabulary
+        # the drafter argmaxes over all of its head's rows: the full vocabulary, or its draft vocabulary
+        self.sub = self.train_sub if self.reduced_head else None
+        self.validating = True
         try:
             return self._validate(batch)
         finally:
             self.sub = self.train_sub
+            self.validating = False
 
     def _validate(self, batch: Batch) -> dict[str, float]:
         preds, labels, valid, t_preds = [], [], [], []
@@ -313,7 +333,8 @@ class DLiteRecipe(Recipe):
             dlite_config={"architecture_version": s.architecture_version, "model_role": "pivot_q_student",
                           "anchor_group_size": s.anchor_group_size, "chs_num_layers": len(s.target_layer_ids),
                           "target_layer_ids": list(s.target_layer_ids), "sequential_head": "rnn",
-                          "sequential_rank": s.sequential_rank, "mask_token_id": s.mask_token_id},
+                          "sequential_rank": s.sequential_rank, "mask_token_id": s.mask_token_id,
+                          **({"draft_vocab_size": s.draft_vocab_size} if s.draft_vocab_size else {})},
         )
         save_checkpoint(out_dir, config, self.student.state_dict())
         return config
@@ -325,12 +346,19 @@ class DLiteRecipe(Recipe):
         if self.teacher is not None:
             raise UserError("--init warm-starts the DLite student only, and the two-stage recipe would replace its "
                             "head with a new teacher's: add --set single_stage=true")
-        return super().load_init(directory)
+        info = super().load_init(directory)
+        head = self.student.sequential_head
+        if head.reduced:  # the warm start brings its own draft vocabulary: the label mapping follows it
+            head.refresh_vocabulary()
+            self.train_sub = self.sub = SubVocabulary(head.target_ids(), self.target.vocab_size, self.device)
+        return info
 
     def describe(self) -> dict:
         return {"options": asdict(self.options), "student_parameters": param_count(self.student),
                 "training_vocabulary": int(self.train_sub.ids.numel()) if self.train_sub else self.target.vocab_size,
+                "draft_vocabulary": self.settings.draft_vocab_size or self.target.vocab_size,
                 "teacher_parameters": param_count(self.teacher) if self.teacher is not None else 0,
                 "target_layer_ids": list(self.settings.target_layer_ids), "mask_token": self.mask_how,
                 "head_warm_start": self.head_fit,
-                "embed_tokens": "target (frozen, not stored)", "lm_head": "own rank-R RNN head"}
+                "embed_tokens": "target (frozen, not stored)",
+                "lm_head": "own rank-R RNN head" + (" over its draft vocabulary (d2t)" if self.reduced_head else "")}

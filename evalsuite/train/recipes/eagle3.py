@@ -31,8 +31,8 @@ from evalsuite.train.features import FeatureCache
 from evalsuite.train.forward import eagle3_ttt
 from evalsuite.train.loop import Batch, Stage
 from evalsuite.train.recipes.common import (
-    Recipe, SequenceReader, chain_tau, feature_rms, param_count, register_recipe, save_checkpoint,
-    scale_fusion_init_, target_final_norm,
+    Recipe, SequenceReader, chain_tau, draft_vocabulary, feature_rms, param_count, register_recipe,
+    save_checkpoint, scale_fusion_init_, target_final_norm,
 )
 
 
@@ -49,17 +49,6 @@ class Eagle3Options:
 
 def feature_layers(num_target_layers: int, options: Eagle3Options = Eagle3Options()) -> tuple[int, ...]:
     return specforge_layer_ids(num_target_layers)
-
-
-def draft_vocabulary(cache: FeatureCache, sequences: list[int], size: int, vocab_size: int) -> torch.Tensor:
-    """The `size` most frequent greedy target tokens over the reply positions of `sequences`, sorted by id
-    (ties and unseen tokens filled by id order)."""
-    counts = np.zeros(vocab_size, dtype=np.int64)
-    for seq in sequences:
-        start, prompt_end, end = cache.span(seq)
-        np.add.at(counts, np.asarray(cache.greedy[max(prompt_end - 1, start):end], dtype=np.int64), 1)
-    order = np.lexsort((np.arange(vocab_size), -counts))[:size]
-    return torch.from_numpy(np.sort(order))
 
 
 @register_recipe
