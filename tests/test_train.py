@@ -298,3 +298,35 @@ def test_dlite_with_a_draft_vocabulary_trains_exports_loads_and_warm_starts(setu
     again = load_file(str(tmp_path / "again" / "model.safetensors"))
     for key in tensors:
         torch.testing.assert_close(again[key], tensors[key], rtol=0, atol=0, msg=key)
+
+
+def test_dlite_warm_starts_its_backbone_under_a_new_head(setup, tmp_path):
+    """`--set init_head=false`: --init copies everything but the RNN head, which starts as it would without --init
+    and may differ in shape (here: another rank and a draft vocabulary); the card says what was not copied."""
+    from safetensors.torch import load_file
+
+    first = tmp_path / "first"
+    req = request(setup, "dlite", first, steps=3)
+    req.overrides = {**SMALL["dlite"], "single_stage": "true"}
+    train(req)
+    overrides = {**SMALL["dlite"], "single_stage": "true", "rank": "12", "draft_vocab": "40", "init_head": "false",
+                 "head_warm_start_steps": "0"}
+    target, cache, _, train_seqs = _recipe(setup, "dlite")
+    recipe = build_recipe("dlite", target, cache, parse_overrides(recipe_for("dlite").options_type, overrides,
+                                                                  "dlite"), train_seqs)
+    fresh_head = {k: v.clone() for k, v in recipe.student.sequential_head.state_dict().items()}
+    assert recipe.load_init(first)["not_copied"] == ["sequential_head."]
+    before = load_file(str(first / "model.safetensors"))
+    state = recipe.student.state_dict()
+    for key, value in before.items():
+        if not key.startswith("sequential_head."):
+            torch.testing.assert_close(state[key].to(value.dtype), value, rtol=0, atol=0, msg=key)
+    for key, value in recipe.student.sequential_head.state_dict().items():
+        assert torch.equal(value, fresh_head[key]), key
+    assert recipe.student.sequential_head.output_proj.weight.shape == (40, 12)
+
+    second = tmp_path / "second"
+    req = request(setup, "dlite", second, steps=1)
+    req.overrides, req.init = overrides, first
+    assert train(req)["init"]["not_copied"] == ["sequential_head."]
+    assert "not copied from it: sequential_head. (started afresh)" in (second / "MODEL_CARD.md").read_text()

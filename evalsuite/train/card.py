@@ -101,7 +101,9 @@ def write_model_card(out_dir: Path, report: dict, config: dict) -> Path:
     ]
     if report.get("init"):
         lines.insert(len(lines) - 1, f"- warm start (`--init`): the released checkpoint `{report['init']['from']}` "
-                                     f"(drafter sha256 `{report['init']['checkpoint_sha256']}`){_prior(report['init'])}")
+                                     f"(drafter sha256 `{report['init']['checkpoint_sha256']}`){_prior(report['init'])}"
+                                     + (f"; not copied from it: {', '.join(report['init']['not_copied'])} (started "
+                                        "afresh)" if report["init"].get("not_copied") else ""))
     for stage in report["stages"]:
         lines.append(f"  - {stage['name']}: {stage['steps']} steps, peak lr {stage['lr']}, "
                      f"{stage['batch_seqs']} sequences × {stage['anchors_per_seq']} anchors per step")

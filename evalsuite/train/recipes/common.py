@@ -159,8 +159,9 @@ class Recipe:
         """The module whose state_dict `export` writes, and the key prefixes it leaves out (frozen target parts)."""
         raise NotImplementedError
 
-    def load_init(self, directory: Path) -> dict:
-        """Warm start: copy a released checkpoint of this method and these sizes into the trained module.
+    def load_init(self, directory: Path, fresh: tuple[str, ...] = ()) -> dict:
+        """Warm start: copy a released checkpoint of this method and these sizes into the trained module, except
+        the keys under the prefixes `fresh`, which keep this recipe's own start (and may differ in shape).
 
         Keys and shapes must match exactly (a one-line error names the first that differ)."""
         from evalsuite.methods.checkpoints import detect_method, load_state_dict, load_weights, read_config
@@ -171,8 +172,9 @@ class Recipe:
             raise UserError(f"--init {directory}: a {found} checkpoint, not {self.method}")
         module, left_out = self.released_module()
         state = load_state_dict(directory, device=next(module.parameters()).device)
-        load_weights(module, state, f"--init {directory.name} ({self.method})", optional=left_out)
-        return init_record(directory)
+        state = {k: v for k, v in state.items() if not k.startswith(fresh)} if fresh else state
+        load_weights(module, state, f"--init {directory.name} ({self.method})", optional=left_out + fresh)
+        return init_record(directory) | ({"not_copied": list(fresh)} if fresh else {})
 
     def describe(self) -> dict:
         return {}

@@ -61,6 +61,7 @@ class DLiteOptions:
     single_stage: bool = False
     train_vocab_top: int = 0  # >0: training softmax over tokens in the target's top-N somewhere (0 = full vocabulary)
     draft_vocab: int = 0  # >0: the head's own vocabulary, the N most frequent greedy tokens (0 = the target's)
+    init_head: bool = True  # --init copies the RNN head too (false: the backbone only; the head starts as without --init)
     head_warm_start_steps: int = 1500  # fit the rank-R head on the target's last hidden states first (0: SVD only)
     seed: int = 0
 
@@ -346,9 +347,9 @@ class DLiteRecipe(Recipe):
         if self.teacher is not None:
             raise UserError("--init warm-starts the DLite student only, and the two-stage recipe would replace its "
                             "head with a new teacher's: add --set single_stage=true")
-        info = super().load_init(directory)
+        info = super().load_init(directory, () if self.options.init_head else ("sequential_head.",))
         head = self.student.sequential_head
-        if head.reduced:  # the warm start brings its own draft vocabulary: the label mapping follows it
+        if head.reduced and self.options.init_head:  # the warm start brings its own draft vocabulary: labels follow
             head.refresh_vocabulary()
             self.train_sub = self.sub = SubVocabulary(head.target_ids(), self.target.vocab_size, self.device)
         return info
