@@ -7,9 +7,10 @@
 # (--max-trajectories, --max-per-trajectory): the cuts of one trajectory are prefixes of each other, so the feature
 # pass runs once per trajectory over its longest cut, in 2,048-token chunks over the target's KV cache.
 #
-# Sizes (fp16, the target's embedding and lm_head shared and not stored): DLite 2 layers, MLP 128, RNN head rank 20
-# (21.0 MB); EAGLE-3 MLP 256, draft vocabulary 2,048 (15.8 MB); DFlash 1 layer, MLP 384 (10.6 MB); DSpark 1 layer,
-# MLP 384, Markov rank 2 (11.8 MB): 59.1 MB together (issue 25: <= 60 MB).
+# Sizes (fp16, the target's embedding and lm_head shared and not stored): DLite 2 layers, MLP 128, RNN head rank 128
+# over a 16,384-token draft vocabulary (about 17.6 MB; the shipped one: rank 20 over all 151,936 rows, 21.0 MB);
+# EAGLE-3 MLP 256, draft vocabulary 2,048 (15.8 MB); DFlash 1 layer, MLP 384 (10.6 MB); DSpark 1 layer, MLP 384,
+# Markov rank 2 (11.8 MB): about 55.8 MB together (issue 25: <= 60 MB).
 #
 # Usage: bash benchmarks/train_qwen_drafters.sh [OUT_ROOT] [WORK_DIR]
 #   OUT_ROOT (default runs/qwen-drafters): one directory per method; WORK_DIR (default OUT_ROOT/work): prompts,
@@ -52,11 +53,25 @@ DATA=(--target qwen2.5-coder-0.5b
       --min-prompt-tokens 2048 --max-prompt-tokens 12288 --max-per-trajectory 16 --max-trajectories 12
       --max-seq-len 1024 --agent-labels logged)
 if [ "${MATH_ONLY:-0}" = 1 ]; then DATA+=(--math-only); fi
+# DLite's RNN head: rank DLITE_RANK over a draft vocabulary of the DLITE_VOCAB most frequent reply tokens (0: the
+# target's 151,936). benchmarks/results/head_capacity_qwen.txt: a rank-20 head over all 151,936 rows reproduces
+# 0.60 of the target's held-out greedy tokens, rank 128 over 16,384 rows 0.70, at 8.4 MB instead of 12.2 MB.
+DLITE_VOCAB=${DLITE_VOCAB:-16384}
+DLITE_RANK=${DLITE_RANK:-128}
 warm() {  # warm NAME: the warm-start options of drafter NAME when INIT is set (none otherwise)
   WARM=()
   if [ -n "${INIT:-}" ]; then
     WARM=(--init "$INIT/$1" --set "lr=${INIT_LR:-0.001}")
-    if [ "$1" = dlite ]; then WARM+=(--set head_warm_start_steps=0); fi
+    if [ "$1" = dlite ]; then
+      # the head is copied only when INIT's has this run's shape; otherwise the backbone alone (init_head=false)
+      # and the head starts as without --init (its own warm start)
+      local shape
+      shape=$(sed -n 's/.*"\(sequential_rank\|draft_vocab_size\)": *\([0-9]*\).*/\1=\2/p' "$INIT/dlite/config.json" \
+              | sort | tr '\n' ' ')
+      local want="sequential_rank=$DLITE_RANK "
+      if [ "$DLITE_VOCAB" != 0 ]; then want="draft_vocab_size=$DLITE_VOCAB $want"; fi
+      if [ "$shape" = "$want" ]; then WARM+=(--set head_warm_start_steps=0); else WARM+=(--set init_head=false); fi
+    fi
   fi
 }
 mkdir -p "$OUT"
@@ -123,7 +138,8 @@ fi
 load_steps
 warm dlite
 stage dlite $EVALSUITE train --method dlite --out "$OUT/dlite" --steps "${DLITE_STEPS:-6000}" \
-  --set single_stage=true --set layers=2 --set intermediate_size=128 --set rank=20 \
+  --set single_stage=true --set layers=2 --set intermediate_size=128 --set rank="$DLITE_RANK" \
+  --set draft_vocab="$DLITE_VOCAB" \
   --set batch_seqs=4 --set anchors_per_seq=16 --threads "$THREADS" \
   "${DATA[@]}" ${WARM[@]+"${WARM[@]}"}
 evaluate dlite
