@@ -6,6 +6,7 @@ script's METHODS selection refuses an unknown drafter before it does anything.""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -100,3 +101,34 @@ def test_train_script_refuses_an_unknown_drafter(tmp_path):
     assert out.returncode == 2
     assert "METHODS: unknown drafter 'medusa'" in out.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_train_script_copies_an_init_head_only_when_its_shape_matches(tmp_path):
+    """INIT warm-starts DLite's backbone; its RNN head is copied only when rank and draft vocabulary match this
+    run's (DLITE_RANK, DLITE_VOCAB), otherwise --set init_head=false and the head gets its own warm start."""
+    fake = tmp_path / "evalsuite"
+    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$*" >> "$ARGS_LOG"\n')
+    fake.chmod(0o755)
+
+    def dlite_args(config: dict, **env_extra) -> str:
+        init = tmp_path / f"init{len(list(tmp_path.glob('init*')))}"
+        (init / "dlite").mkdir(parents=True)
+        (init / "dlite" / "config.json").write_text(json.dumps({"dlite_config": config}, indent=1))
+        log = tmp_path / "args.log"
+        log.unlink(missing_ok=True)
+        env = {**os.environ, "METHODS": "dlite", "SKIP_DATA": "1", "EVAL": "0", "EVALSUITE": str(fake),
+               "ARGS_LOG": str(log), "INIT": str(init), **env_extra}
+        out = subprocess.run(["bash", str(ROOT / "benchmarks" / "train_qwen_drafters.sh"), str(tmp_path / "out")],
+                             env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        (line,) = [a for a in log.read_text().splitlines() if a.startswith("train --method dlite")]
+        return line
+
+    same = dlite_args({"sequential_rank": 128, "draft_vocab_size": 16384})
+    assert "--set head_warm_start_steps=0" in same and "init_head" not in same
+    assert "--set rank=128" in same and "--set draft_vocab=16384" in same
+    for config in ({"sequential_rank": 20}, {"sequential_rank": 128}, {"sequential_rank": 64, "draft_vocab_size": 16384}):
+        other = dlite_args(config)
+        assert "--set init_head=false" in other and "head_warm_start_steps" not in other, config
+    full = dlite_args({"sequential_rank": 20}, DLITE_VOCAB="0", DLITE_RANK="20")
+    assert "--set head_warm_start_steps=0" in full and "--set draft_vocab=0" in full
