@@ -23,7 +23,10 @@
 # drafter's steps cannot change once its training has begun). METHODS (default dlite,eagle3,dspark,dflash) picks
 # the drafters this invocation trains and evaluates: once the data stage is done, two invocations with disjoint
 # METHODS and THREADS=1 train two drafters at once (a drafter's step is bound by more than its two threads' FLOPs);
-# METHODS=none runs only the data stage; SKIP_DATA=1 skips it (an evaluation of a finished drafter needs no features).
+# NUM_PROMPTS (default 600: the mixture's prompts) and MATH_PROMPTS (default 400: extra math-like chat prompts;
+# ShareGPT has ~640 math-like first turns) size the selection: a larger one wants its own
+# WORK_DIR, starts from the committed replies of the conversations it shares with them and regenerates the rest
+# (about 9 prompts a minute on 2 cores); METHODS=none runs only the data stage; SKIP_DATA=1 skips it (an evaluation of a finished drafter needs no features).
 # A domain fine-tune of drafters already trained (the cheaper recipe for the GSM8K target): INIT=DIR warm-starts each
 # drafter from DIR/<method> (e.g. baselines/drafters/qwen2.5-coder-0.5b) at peak lr INIT_LR (default 0.001; DLite
 # then skips its head warm start), and MATH_ONLY=1 keeps only the math-like chat prompts of the same selection
@@ -49,7 +52,7 @@ picked() { case ",$METHODS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 TD=tasks/training
 DATA=(--target qwen2.5-coder-0.5b
       --data "sharegpt:0.6,swe:$TD/mini-swe-agent_gemini-3-pro_train.jsonl.gz:0.3,tau:$TD/gpt-4o-airline.jsonl.gz:0.1"
-      --work-dir "$WORK" --num-prompts 600 --math-prompts 400 --max-new-tokens 256 --gen-batch 64
+      --work-dir "$WORK" --num-prompts "${NUM_PROMPTS:-600}" --math-prompts "${MATH_PROMPTS:-400}" --max-new-tokens 256 --gen-batch 64
       --min-prompt-tokens 2048 --max-prompt-tokens 12288 --max-per-trajectory 16 --max-trajectories 12
       --max-seq-len 1024 --agent-labels logged)
 if [ "${MATH_ONLY:-0}" = 1 ]; then DATA+=(--math-only); fi
