@@ -68,7 +68,7 @@ def tiny_shape_target():
     return random_target(config, name, "cpu", torch.float32, "row-major")
 
 
-@pytest.mark.parametrize("name,options", [("dlite", {}), ("eagle3", {}),
+@pytest.mark.parametrize("name,options", [("dlite", {}), ("dlite", {"anchor_group_size": 2}), ("eagle3", {}),
                                           ("eagle3", {"format": "specforge", "draft_vocab_size": 300}),
                                           ("dflash", {}), ("dflash", {"layout": "block7"}), ("dspark", {})])
 def test_batched_drafter_equals_single_streams(tiny_shape_target, name, options):

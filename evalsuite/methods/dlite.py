@@ -196,8 +196,10 @@ class SequentialHead(nn.Module):
         return self.state_hidden_mlp(torch.cat([state, hidden], dim=-1)), state
 
     def seeded_state(self, token: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        """`_seed_rnn_state`: one step on the token before the anchor, zero hidden, zero state."""
-        _, state = self.step(token, like.new_zeros(like.shape[-1]), like.new_zeros(self.rank))
+        """`_seed_rnn_state`: one step on the token before the anchor, zero hidden, zero state (token [...] → state
+        [..., R]; `like` gives the hidden size, dtype and device)."""
+        hidden, state = like.new_zeros(*token.shape, like.shape[-1]), like.new_zeros(*token.shape, self.rank)
+        _, state = self.step(token, hidden, state)
         return state
 
 

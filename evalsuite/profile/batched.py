@@ -189,9 +189,10 @@ class BatchedDLite(BatchedDrafter):
     def propose(self, k: int) -> torch.Tensor:
         hidden = self.block_outputs()[:, : min(k, self.settings.predictions)]
         head = self.method.model.sequential_head
-        state = hidden.new_zeros(self.batch, head.rank)
         if self.settings.anchor_group_size > 1:
-            _, state = head.step(self.recent[:, -2], hidden.new_zeros(self.batch, hidden.shape[-1]), state)
+            state = head.seeded_state(self.recent[:, -2], hidden)
+        else:
+            state = hidden.new_zeros(self.batch, head.rank)
         previous = self.recent[:, -1]
         tokens = []
         for j in range(hidden.shape[1]):

@@ -391,9 +391,7 @@ def _fit_low_rank_head(cache: FeatureCache, sequences: list[int], last_layer: in
     h, y = reply_states(cache, sequences, cache.layer_index([last_layer], "the head warm start")[0], limit)
     h, y = h.to(A.device), y.to(A.device)
     if vocab is not None:  # target ids → rows of A; -1 outside the draft vocabulary
-        index = torch.full((cache.meta.vocab_size,), -1, dtype=torch.long, device=A.device)
-        index[vocab.to(A.device)] = torch.arange(vocab.numel(), device=A.device)
-        y = index[y]
+        y = SubVocabulary(vocab, cache.meta.vocab_size, A.device).index[y]
     gen = torch.Generator().manual_seed(seed)
     perm = torch.randperm(h.shape[0], generator=gen)
     n_held = min(2048, h.shape[0] // 10)
