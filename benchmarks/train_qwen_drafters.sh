@@ -87,6 +87,13 @@ if [ "${SAVE_SEED:-0}" = 1 ]; then
   mkdir -p "$(dirname "$SEED")"
   gzip -9nc "$WORK/responses.jsonl" > "$SEED.tmp" && mv "$SEED.tmp" "$SEED"
   echo "saved $(wc -l < "$WORK/responses.jsonl") replies to $SEED ($(du -h "$SEED" | cut -f1))"
+  if [ -s "$OUT/synth-math/problems.jsonl" ]; then  # SYNTH_MATH's problems, and the replies of its largest work dir
+    S=tasks/training/qwen2.5-coder-0.5b/synth_math
+    gzip -9nc "$OUT/synth-math/problems.jsonl" > "${S}_problems.jsonl.gz"
+    R=$(ls -d "$OUT"/synth-math/work-* | sort -V | tail -1)/responses.jsonl
+    if [ -s "$R" ]; then gzip -9nc "$R" > "${S}_responses.jsonl.gz"; fi
+    echo "saved $(wc -l < "$OUT/synth-math/problems.jsonl") problems and $(wc -l < "$R" 2>/dev/null || echo 0) replies to ${S}_*"
+  fi
   exit 0
 fi
 mkdir -p "$WORK"
@@ -95,16 +102,17 @@ if [ -f "$SEED" ] && [ ! -s "$WORK/responses.jsonl" ]; then
   echo "[$(date -u +%FT%TZ)] data: started from $(wc -l < "$WORK/responses.jsonl") committed replies ($SEED)"
 fi
 
-stage() {  # stage NAME COMMAND...: skip when done, log start and end
+stage() {  # stage NAME COMMAND...: skip when done, log start and end (a data* stage always runs: it resumes)
   local name=$1; shift
-  if [ "$name" != data ] && ! picked "$name"; then
+  case "$name" in data*) ;; *) if ! picked "$name"; then
     echo "[$(date -u +%FT%TZ)] $name: not in METHODS=$METHODS, skipped"
     return 0
   fi
-  if [ "$name" != data ] && [ -f "$OUT/$name/MODEL_CARD.md" ]; then
+  if [ -f "$OUT/$name/MODEL_CARD.md" ]; then
     echo "[$(date -u +%FT%TZ)] $name: done earlier ($OUT/$name/MODEL_CARD.md), skipped"
     return 0
-  fi
+  fi ;;
+  esac
   echo "[$(date -u +%FT%TZ)] $name: start"
   local t0=$SECONDS
   "$@"
@@ -137,6 +145,36 @@ evaluate() {
 if [ "${SKIP_DATA:-0}" != 1 ]; then
   stage data $EVALSUITE train --method dlite --out "$OUT/dlite" --prepare-only --threads "$THREADS" "${DATA[@]}"
 fi
+# More math: SYNTH_MATH=N (default 0) grade-school word problems written by the target itself
+# (benchmarks/synth_math_prompts.py: sampled from seeded topic/operation instructions, no benchmark text), answered
+# greedily like every other prompt, in a work directory of their own ($OUT/synth-math/work-N) whose feature cache every
+# drafter then trains on beside WORK's (--extra-cache). The problems and their replies are committed as they come
+# (SAVE_SEED=1 refreshes them too) and a fresh checkout starts from them; a larger N extends the same seeded draw.
+SYNTH_MATH=${SYNTH_MATH:-0}
+SYNTH_PROBLEMS=tasks/training/qwen2.5-coder-0.5b/synth_math_problems.jsonl.gz
+SYNTH_REPLIES=tasks/training/qwen2.5-coder-0.5b/synth_math_responses.jsonl.gz
+EXTRA=()
+if [ "$SYNTH_MATH" -gt 0 ]; then
+  SYNTH_DIR=$OUT/synth-math
+  SYNTH_WORK=$SYNTH_DIR/work-$SYNTH_MATH
+  mkdir -p "$SYNTH_WORK"
+  if [ -f "$SYNTH_PROBLEMS" ] && [ ! -s "$SYNTH_DIR/problems.jsonl" ]; then
+    gunzip -c "$SYNTH_PROBLEMS" > "$SYNTH_DIR/problems.jsonl"
+  fi
+  if [ -f "$SYNTH_REPLIES" ] && [ ! -s "$SYNTH_WORK/responses.jsonl" ]; then
+    gunzip -c "$SYNTH_REPLIES" > "$SYNTH_WORK/responses.jsonl"
+  fi
+  if [ "${SKIP_DATA:-0}" != 1 ]; then
+    python=python
+    case "$EVALSUITE" in */*) python="$(dirname "$EVALSUITE")/python";; esac
+    stage data-synth-problems "${PYTHON:-$python}" benchmarks/synth_math_prompts.py "$SYNTH_DIR/problems.jsonl" \
+      --count "$SYNTH_MATH" --threads "$THREADS"
+    stage data-synth $EVALSUITE train --method dlite --out "$OUT/dlite" --prepare-only --threads "$THREADS" \
+      --target qwen2.5-coder-0.5b --data "synth-math:$SYNTH_DIR/problems.jsonl" --work-dir "$SYNTH_WORK" \
+      --num-prompts "$SYNTH_MATH" --math-prompts 0 --max-new-tokens 256 --gen-batch 64 --max-seq-len 1024
+  fi
+  EXTRA=(--extra-cache "$SYNTH_WORK")
+fi
 # DLite single-stage (the recipe that measured better than two-stage at a CPU budget, baselines/drafters/README.md)
 load_steps
 warm dlite
@@ -144,27 +182,27 @@ stage dlite $EVALSUITE train --method dlite --out "$OUT/dlite" --steps "${DLITE_
   --set single_stage=true --set layers=2 --set intermediate_size=128 --set rank="$DLITE_RANK" \
   --set draft_vocab="$DLITE_VOCAB" \
   --set batch_seqs=4 --set anchors_per_seq=16 --threads "$THREADS" \
-  "${DATA[@]}" ${WARM[@]+"${WARM[@]}"}
+  "${DATA[@]}" ${EXTRA[@]+"${EXTRA[@]}"} ${WARM[@]+"${WARM[@]}"}
 evaluate dlite
 load_steps
 warm eagle3
 stage eagle3 $EVALSUITE train --method eagle3 --out "$OUT/eagle3" --steps "${EAGLE3_STEPS:-2400}" \
   --set intermediate_size=256 --set draft_vocab_size=2048 --set batch_seqs=1 --threads "$THREADS" \
-  "${DATA[@]}" ${WARM[@]+"${WARM[@]}"}
+  "${DATA[@]}" ${EXTRA[@]+"${EXTRA[@]}"} ${WARM[@]+"${WARM[@]}"}
 evaluate eagle3
 load_steps
 warm dspark
 stage dspark $EVALSUITE train --method dspark --out "$OUT/dspark" --steps "${DSPARK_STEPS:-5000}" \
   --set layers=1 --set intermediate_size=384 --set markov_rank=2 --set train_vocab_top=8 \
   --set batch_seqs=4 --set anchors_per_seq=16 --threads "$THREADS" \
-  "${DATA[@]}" ${WARM[@]+"${WARM[@]}"}
+  "${DATA[@]}" ${EXTRA[@]+"${EXTRA[@]}"} ${WARM[@]+"${WARM[@]}"}
 evaluate dspark
 load_steps
 warm dflash
 stage dflash $EVALSUITE train --method dflash --out "$OUT/dflash" --steps "${DFLASH_STEPS:-5000}" \
   --set layers=1 --set intermediate_size=384 --set train_vocab_top=8 \
   --set batch_seqs=4 --set anchors_per_seq=16 --threads "$THREADS" \
-  "${DATA[@]}" ${WARM[@]+"${WARM[@]}"}
+  "${DATA[@]}" ${EXTRA[@]+"${EXTRA[@]}"} ${WARM[@]+"${WARM[@]}"}
 evaluate dflash
 echo "[$(date -u +%FT%TZ)] drafters $METHODS done in $OUT"
 du -cb "$OUT"/*/model.safetensors 2>/dev/null || true

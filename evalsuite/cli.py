@@ -759,6 +759,9 @@ def train(
     threads: Optional[int] = typer.Option(None, help="torch threads (default: torch's choice; 1 is far faster "
                                                      "on a busy, oversubscribed CPU)."),
     prepare_only: bool = typer.Option(False, help="Stop after prompts, replies and the feature cache."),
+    extra_cache: list[Path] = typer.Option([], "--extra-cache", help="A finished work directory (its prompts, "
+                                                                   "replies and feature cache) of the same target "
+                                                                   "to train on beside --work-dir's; repeatable."),
     init: Optional[Path] = typer.Option(None, "--init", help="Warm start from a released checkpoint of the same "
                                                             "method and sizes (e.g. baselines/drafters/dlite); its "
                                                             "sha256 goes in the card."),
@@ -789,7 +792,7 @@ def train(
         generation=GenerationOptions(max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
                                      batch_size=gen_batch, agent_labels=agent_labels),
         heldout_extra=list(heldout_extra), loop=LoopOptions(seed=seed, threads=threads), prepare_only=prepare_only,
-        init=init,
+        init=init, extra_caches=list(extra_cache),
     )
 
     def bar():

@@ -330,3 +330,36 @@ def test_dlite_warm_starts_its_backbone_under_a_new_head(setup, tmp_path):
     req.overrides, req.init = overrides, first
     assert train(req)["init"]["not_copied"] == ["sequential_head."]
     assert "not copied from it: sequential_head. (started afresh)" in (second / "MODEL_CARD.md").read_text()
+
+
+def test_extra_cache_trains_on_two_work_dirs_and_a_resume_refuses_other_data(setup, tmp_path):
+    root, target_dir, _ = setup
+    words = "one two three four five six seven eight nine ten".split()
+    more = root / "more.jsonl"
+    more.write_text("".join(json.dumps({"prompt": " ".join(words[(i + j) % 10] for j in range(5)) + f" #{i}"}) + "\n"
+                            for i in range(10)))
+    extra = TrainRequest(method="dlite", target=str(target_dir), data=[str(more)], out=tmp_path / "x",
+                         work_dir=root / "work-more", prepare_only=True, prompts=PromptOptions(num_prompts=10),
+                         generation=GenerationOptions(max_new_tokens=20, batch_size=24))
+    alone = train(extra)["data"]
+    base = request(setup, "dlite", tmp_path / "single", steps=6)
+    single = train(base)["data"]
+    joined = request(setup, "dlite", tmp_path / "joined", steps=6)
+    joined.extra_caches = [root / "work-more"]
+    report = train(joined)
+    assert report["data"]["sequences"] == single["sequences"] + alone["sequences"]
+    assert report["data"]["reply_tokens"] == single["reply_tokens"] + alone["reply_tokens"]
+    assert [e["work_dir"] for e in report["data"]["extra_caches"]] == [str(root / "work-more")]
+    assert "more.jsonl" in " ".join(report["data_sources"])
+    card = (tmp_path / "joined" / "MODEL_CARD.md").read_text()
+    assert "joined (`--extra-cache`): work dir `work-more`: 10 prompts" in card
+    # the joined run's training state may not resume on the work dir alone, nor a finished run's on other data
+    (tmp_path / "single" / "MODEL_CARD.md").unlink()
+    again = request(setup, "dlite", tmp_path / "single", steps=6)
+    again.extra_caches = [root / "work-more"]
+    with pytest.raises(UserError, match="begun on other training data .*data_sha256"):
+        train(again)
+    missing = request(setup, "dlite", tmp_path / "y", steps=6)
+    missing.extra_caches = [root / "nowhere"]
+    with pytest.raises(UserError, match="--extra-cache .*nowhere: no prompts.jsonl there"):
+        train(missing)

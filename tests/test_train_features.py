@@ -123,3 +123,34 @@ def test_reply_labels_are_those_of_the_full_pass_and_the_prompt_gets_none(target
                                           np.asarray(getattr(every, name)[first:end]), err_msg=name)
             assert not np.asarray(getattr(reply, name)[start:first]).any(), name
     assert reply.meta.labels == "reply" and every.meta.labels == "all"
+
+
+def test_joined_caches_read_as_the_cache_of_all_their_sequences(target, tmp_path):
+    from evalsuite.errors import UserError
+    from evalsuite.train.features import JoinedCache
+
+    seqs = sequences()
+    spec = FeatureSpec((1, 3), **SPEC)
+    build_features(target, seqs, tmp_path / "all", spec, "sha")
+    build_features(target, seqs[:6], tmp_path / "a", spec, "sha")
+    build_features(target, seqs[6:], tmp_path / "b", spec, "sha")
+    whole, joined = FeatureCache(tmp_path / "all"), JoinedCache([FeatureCache(tmp_path / "a"),
+                                                                 FeatureCache(tmp_path / "b")])
+    assert len(joined) == len(whole) == len(seqs)
+    assert joined.meta.num_tokens == whole.meta.num_tokens
+    assert joined.meta.num_response_tokens == whole.meta.num_response_tokens
+    for seq in range(len(seqs)):
+        assert joined.span(seq) == whole.span(seq)
+        start, _, end = joined.span(seq)
+        for name in ("tokens", "greedy", "topk_ids", "topk_probs"):
+            np.testing.assert_array_equal(getattr(joined, name)[start:end], getattr(whole, name)[start:end])
+        np.testing.assert_allclose(joined.hidden[start:end, [1]], whole.hidden[start:end, [1]], atol=2e-3)
+    boundary = joined.span(6)[0]
+    with pytest.raises(IndexError, match="cross two joined"):
+        joined.tokens[boundary - 1:boundary + 1]
+    assert joined.meta.data_sha256 != FeatureCache(tmp_path / "a").meta.data_sha256
+    assert joined.fingerprint() != FeatureCache(tmp_path / "a").fingerprint()
+
+    build_features(target, seqs[6:], tmp_path / "other", FeatureSpec((1, 2), **SPEC), "sha")
+    with pytest.raises(UserError, match=r"has layers=\[1, 2\], the work dir's has layers=\[1, 3\]"):
+        JoinedCache([FeatureCache(tmp_path / "a"), FeatureCache(tmp_path / "other")])

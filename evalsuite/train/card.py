@@ -87,6 +87,12 @@ def write_model_card(out_dir: Path, report: dict, config: dict) -> Path:
         *[f"- data file `{src['file']}` ({src['name']}{', weight ' + _fmt(src['weight']) if src.get('weight') else ''}): "
           f"sha256 `{src['sha256']}`" for src in data["selection"].get("sources", [])],
         *_label_lines(data),
+        *[f"- joined (`--extra-cache`): work dir `{Path(extra['work_dir']).name}`: {extra['prompts']} prompts "
+          f"(selection: {json.dumps({k: v for k, v in extra['selection'].items() if k != 'sources'}, sort_keys=True)})"
+          f", {extra['sequences']} sequences, {extra['reply_tokens']:,} reply tokens; "
+          + "; ".join(f"data file `{src['file']}` ({src['name']}): sha256 `{src['sha256']}`"
+                      for src in extra["selection"].get("sources", []))
+          for extra in data.get("extra_caches", [])],
         f"- held-out list: every registered evaluation task's samples "
         f"({json.dumps(heldout['samples_per_task'], sort_keys=True)}), rule: {heldout['rule']}"
         f"{'; agent trajectories: ' + heldout['trajectory_rule'] if heldout.get('trajectory_rule') else ''}; "

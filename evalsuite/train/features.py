@@ -111,6 +111,69 @@ class FeatureCache:
         return start, start + int(self.prompt_lens[seq]), end
 
 
+    def fingerprint(self) -> str:
+        """Identifies the cache's contents (its meta.json): keys memos of work done over it."""
+        return (self.directory / "meta.json").read_text()
+
+
+class _Joined:
+    """Rows of several memory-mapped arrays read as one: `[lo:hi]` and `[lo:hi, cols]` within one part."""
+
+    def __init__(self, parts: list, starts: list[int]):
+        self.parts, self.starts = parts, starts  # starts[k]: the first global row of parts[k]; starts[-1] = total
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def __getitem__(self, key):
+        rows, rest = (key[0], key[1:]) if isinstance(key, tuple) else (key, ())
+        if not isinstance(rows, slice) or rows.step not in (None, 1):
+            raise TypeError("a joined feature cache is read by row ranges [lo:hi] only")
+        lo, hi, _ = rows.indices(len(self))
+        k = int(np.searchsorted(self.starts, lo, side="right")) - 1
+        k = min(k, len(self.parts) - 1)
+        if hi > self.starts[k + 1]:
+            raise IndexError(f"rows {lo}:{hi} cross two joined feature caches")
+        local = slice(lo - self.starts[k], hi - self.starts[k])
+        return self.parts[k][(local, *rest)]
+
+
+class JoinedCache(FeatureCache):
+    """Several finished caches of one target read as one (`evalsuite train --extra-cache`): sequences are numbered
+    part after part. The parts must agree on everything a recipe reads besides the data (target, layers, top-K,
+    sizes, labels, max_seq_len); the first disagreement is a one-line error naming the field."""
+
+    _SAME = ("version", "target_sha256", "layers", "topk", "hidden_size", "vocab_size", "num_target_layers",
+             "max_seq_len", "labels")
+
+    def __init__(self, parts: list[FeatureCache]):
+        first = parts[0]
+        for other in parts[1:]:
+            for name in self._SAME:
+                a, b = getattr(first.meta, name), getattr(other.meta, name)
+                if a != b:
+                    raise UserError(f"--extra-cache {other.directory}: its feature cache has {name}={b}, the work "
+                                    f"dir's has {name}={a}; join only caches built alike")
+        import hashlib
+
+        self.parts = parts
+        self.directory = first.directory
+        totals = {k: sum(getattr(p.meta, k) for p in parts) for k in ("num_sequences", "num_tokens",
+                                                                       "num_response_tokens")}
+        joined_sha = hashlib.sha256("|".join(p.meta.data_sha256 for p in parts).encode()).hexdigest()
+        self.meta = FeatureMeta(**{**asdict(first.meta), **totals, "data_sha256": joined_sha})
+        starts = [0]
+        for p in parts:
+            starts.append(starts[-1] + int(p.offsets[-1]))
+        self.offsets = np.concatenate([parts[0].offsets[:1]] + [p.offsets[1:] + s for p, s in zip(parts, starts)])
+        self.prompt_lens = np.concatenate([p.prompt_lens for p in parts])
+        for name in ("tokens", "greedy", "topk_ids", "topk_probs", "hidden"):
+            setattr(self, name, _Joined([getattr(p, name) for p in parts], starts))
+
+    def fingerprint(self) -> str:
+        return "\n".join(p.fingerprint() for p in self.parts)
+
+
 def _data_hash(sequences: list[Sequence]) -> str:
     import hashlib
 

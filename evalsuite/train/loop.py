@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from evalsuite.errors import UserError
 from evalsuite.train.features import FeatureCache
 
 STATE_FILE = "train_state.pt"
@@ -150,7 +151,7 @@ class Trainer:
     def save(self) -> None:
         state = {"modules": {k: m.state_dict() for k, m in self.modules.items()},
                  "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
-                 "history": asdict(self.history)}
+                 "history": asdict(self.history), "data_sha256": self.cache.meta.data_sha256}
         tmp = self.state_path.with_suffix(".tmp")
         torch.save(state, tmp)
         os.replace(tmp, self.state_path)
@@ -159,6 +160,10 @@ class Trainer:
         if not self.state_path.exists():
             return False
         state = torch.load(self.state_path, map_location="cpu", weights_only=True)
+        if state.get("data_sha256", self.cache.meta.data_sha256) != self.cache.meta.data_sha256:
+            raise UserError(f"{self.state_path}: begun on other training data (data_sha256 "
+                            f"{state['data_sha256'][:12]}…, now {self.cache.meta.data_sha256[:12]}…: another work "
+                            "dir or --extra-cache); resume with the same data or give another --out")
         for key, module in self.modules.items():
             module.load_state_dict(state["modules"][key])
         self.history = History(**state["history"])

@@ -28,7 +28,7 @@ from evalsuite.hashing import file_sha256
 from evalsuite.target.model import TargetModel, cache_root, weights_hash
 from evalsuite.train import data as data_mod
 from evalsuite.train import mixture
-from evalsuite.train.features import FeatureCache, FeatureSpec, build_features
+from evalsuite.train.features import FeatureCache, FeatureSpec, JoinedCache, build_features
 from evalsuite.train.generate import GenerationOptions, logged_replies, read_sequences, regenerate
 from evalsuite.train.loop import LoopOptions, Trainer, final_losses, split_sequences, write_json
 from evalsuite.train.recipes.common import parse_overrides, recipe_for, recipes
@@ -52,6 +52,8 @@ class TrainRequest:
     prepare_only: bool = False  # stop after the feature cache (lets parallel trainings share a finished cache)
     max_seq_len: int = 0  # feature cache: keep the last N positions of each sequence (0 = whole); FeatureSpec
     init: Path | None = None  # warm start from a released checkpoint of the same method and sizes
+    # finished work directories of the same target whose feature caches are trained on beside this one (JoinedCache)
+    extra_caches: list[Path] = field(default_factory=list)
 
 
 @dataclass
@@ -166,14 +168,40 @@ def prepare_data(request: TrainRequest, target: TargetModel, target_sha: str, la
     if missing:
         raise UserError(f"the feature cache in {work} lacks target layers {missing}; pass --work-dir to build "
                         "another cache")
-    stats = {"work_dir": str(work), "prompts": len(conversations), "sequences": len(sequences),
-             "tokens": cache.meta.num_tokens, "reply_tokens": cache.meta.num_response_tokens,
-             "eos_replies": sum(1 for s in read_sequences(responses) if s.conv_id in wanted and s.stop == "eos"),
-             "logged_label_sequences": sum(1 for s in sequences if s.labels == "logged"),
-             "logged_label_reply_tokens": sum(len(s.response_ids) for s in sequences if s.labels == "logged"),
-             "heldout": json.loads(heldout_path.read_text())["summary"],
-             "selection": json.loads(heldout_path.read_text())["selection"]}
+    stats = work_stats(work, cache)
+    if request.extra_caches:
+        extras = [_extra_cache(Path(extra)) for extra in request.extra_caches]
+        cache = JoinedCache([cache] + [c for c, _ in extras])
+        stats["extra_caches"] = [s for _, s in extras]
+        for key in ("sequences", "tokens", "reply_tokens", "eos_replies", "logged_label_sequences",
+                    "logged_label_reply_tokens", "prompts"):
+            stats[key] += sum(s[key] for _, s in extras)
     return work, cache, stats
+
+
+def work_stats(work: Path, cache: FeatureCache) -> dict:
+    """What a finished work directory holds: its prompts, replies, cache sizes, held-out summary and selection."""
+    conversations = data_mod.PromptSet.read(work / "prompts.jsonl")
+    wanted = {c.conv_id for c in conversations}
+    replies = [s for s in read_sequences(work / "responses.jsonl") if s.conv_id in wanted]
+    sequences = [s for s in replies if s.response_ids]
+    heldout = json.loads((work / "heldout.json").read_text())
+    return {"work_dir": str(work), "prompts": len(conversations), "sequences": len(sequences),
+            "tokens": cache.meta.num_tokens, "reply_tokens": cache.meta.num_response_tokens,
+            "eos_replies": sum(1 for s in replies if s.stop == "eos"),
+            "logged_label_sequences": sum(1 for s in sequences if s.labels == "logged"),
+            "logged_label_reply_tokens": sum(len(s.response_ids) for s in sequences if s.labels == "logged"),
+            "heldout": heldout["summary"], "selection": heldout["selection"]}
+
+
+def _extra_cache(work: Path) -> tuple[FeatureCache, dict]:
+    """A finished work directory joined to this training (`--extra-cache`), with its stats."""
+    for name in ("prompts.jsonl", "heldout.json", "responses.jsonl", "features/meta.json"):
+        if not (work / name).exists():
+            raise UserError(f"--extra-cache {work}: no {name} there; give a work directory whose data stage has "
+                            "finished (evalsuite train --prepare-only --work-dir DIR)")
+    cache = FeatureCache(work / "features")
+    return cache, work_stats(work, cache)
 
 
 def feature_labels(features_dir: Path) -> str:
@@ -236,7 +264,9 @@ def train(request: TrainRequest, reporter: Reporter = Reporter()) -> dict:
         "timings_s": timings,
         "data": data_stats, "recipe": recipe.describe(), "loop": asdict(request.loop),
         "command": request.command or shlex.join(["evalsuite"] + sys.argv[1:]),
-        "torch_threads": torch.get_num_threads(), "data_sources": [_no_dirs(d) for d in request.data],
+        "torch_threads": torch.get_num_threads(), "data_sources": [_no_dirs(d) for d in request.data] + [
+            _no_dirs(src["name"] + ":" + src["file"]) for extra in data_stats.get("extra_caches", [])
+            for src in extra["selection"].get("sources", [])],
         "max_seq_len": request.max_seq_len, "feature_layers": list(cache.layers),
         "topk": request.topk, "generation": asdict(request.generation), "init": init,
     }

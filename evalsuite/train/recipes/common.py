@@ -362,7 +362,7 @@ def fit_low_rank_head(cache: FeatureCache, sequences: list[int], last_layer: int
     if steps <= 0:
         return _fit_low_rank_head(cache, sequences, last_layer, A, B, steps, lr, batch, seed, limit, vocab)
     key = hashlib.sha256(json.dumps({
-        "meta": (cache.directory / "meta.json").read_text(), "sequences": [int(s) for s in sequences],
+        "meta": cache.fingerprint(), "sequences": [int(s) for s in sequences],
         "last_layer": last_layer, "steps": steps, "lr": lr, "batch": batch, "seed": seed, "limit": limit,
         "shapes": [list(A.shape), list(B.shape)],
         **({"vocab": hashlib.sha256(vocab.cpu().numpy().tobytes()).hexdigest()} if vocab is not None else {})},
