@@ -10,11 +10,13 @@ Each kept problem is one JSONL record {"id", "prompt", "spec"} (the chat-source 
 --data NAME:PATH`). The training selection then checks it against the held-out list of every evaluation task
 (GSM8K's test split included: a target that recalls a test problem word for word is dropped there) and the
 target answers it greedily like every other prompt. Kept: a problem of 15-120 words with a digit and a
-question mark, cut before any solution, not a duplicate. Resumable: records already in OUT are kept and the
-draw continues after them; the draw is seeded, so a rerun writes the same instructions.
+question mark, cut before any solution, not a duplicate. Resumable: records already in OUT are kept and
+OUT.progress.json holds the draws done, so a rerun continues the seeded draw where it stopped (an interrupted
+batch is drawn again with the same seed, hence the same problems as an uninterrupted run, at the same --batch).
+A target that seldom writes a usable problem stops at --max-draws (default 6 x --count) with a one-line message.
 
 Usage: python benchmarks/synth_math_prompts.py OUT.jsonl [--count 600] [--target qwen2.5-coder-0.5b]
-                                                  [--batch 48] [--seed 0] [--threads 2]
+                                                  [--batch 48] [--seed 0] [--threads 2] [--max-draws N]
 """
 
 from __future__ import annotations
@@ -89,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=112)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-draws", type=int, default=0, help="give up after this many draws (0: 6 x --count)")
     args = parser.parse_args(argv)
+    max_draws = args.max_draws or 6 * args.count
 
     import torch
 
@@ -99,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     kept: list[dict] = []
     if args.out.exists():
         kept = [json.loads(line) for line in args.out.read_text().splitlines() if line.strip()]
-    drawn = max([r["draw"] for r in kept], default=-1) + 1
+    progress = args.out.with_name(args.out.name + ".progress.json")
+    state = json.loads(progress.read_text()) if progress.exists() else {"drawn": 0, "rejected": 0}
+    drawn, rejected = state["drawn"], state["rejected"]
     seen = {" ".join(r["prompt"].lower().split()) for r in kept}
     if len(kept) >= args.count:
         print(f"{args.out}: {len(kept)} problems already (>= --count {args.count})")
@@ -110,10 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     stream = instructions(args.seed)
     for _ in range(drawn):
         next(stream)
-    t0, rejected = time.time(), 0
+    t0 = time.time()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "a") as fh:
         while len(kept) < args.count:
+            if drawn >= max_draws:
+                print(f"{args.out}: stopped after {drawn} draws (--max-draws) with {len(kept)} of {args.count} "
+                      "problems kept: this target seldom writes a usable word problem", file=sys.stderr)
+                return 1
             batch = [next(stream) for _ in range(args.batch)]
             rows = [target.render([{"role": "user", "content": text}]) for _, text in batch]
             width = max(len(r) for r in rows)
@@ -135,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                 fh.write(json.dumps(kept[-1]) + "\n")
             fh.flush()
             drawn += len(batch)
+            progress.write_text(json.dumps({"drawn": drawn, "rejected": rejected}))
             print(f"[{time.strftime('%H:%M:%S')}] {len(kept)}/{args.count} kept, {rejected} rejected, "
                   f"{drawn} drawn, {time.time() - t0:.0f} s", flush=True)
     return 0
