@@ -11,8 +11,9 @@ Each kept problem is one JSONL record {"id", "prompt", "spec"} (the chat-source 
 (GSM8K's test split included: a target that recalls a test problem word for word is dropped there) and the
 target answers it greedily like every other prompt. Kept: a problem of 15-120 words with a digit and a
 question mark, cut before any solution, not a duplicate. Resumable: records already in OUT are kept and
-OUT.progress.json holds the draws done, so a rerun continues the seeded draw where it stopped (an interrupted
-batch is drawn again with the same seed, hence the same problems as an uninterrupted run, at the same --batch).
+OUT.progress.json holds the draws done (without it, every batch up to the last kept draw counts as done), so a
+rerun continues the seeded draw where it stopped (an interrupted batch is drawn again with the same seed, hence
+the same problems as an uninterrupted run, at the same --batch).
 A target that seldom writes a usable problem stops at --max-draws (default 6 x --count) with a one-line message.
 
 Usage: python benchmarks/synth_math_prompts.py OUT.jsonl [--count 600] [--target qwen2.5-coder-0.5b]
@@ -104,7 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.out.exists():
         kept = [json.loads(line) for line in args.out.read_text().splitlines() if line.strip()]
     progress = args.out.with_name(args.out.name + ".progress.json")
-    state = json.loads(progress.read_text()) if progress.exists() else {"drawn": 0, "rejected": 0}
+    if progress.exists():
+        state = json.loads(progress.read_text())
+    else:  # e.g. a fresh checkout's copy of the committed problems: every batch up to the last kept draw was done
+        done = (max([r["draw"] for r in kept], default=-1) // args.batch + 1) * args.batch
+        state = {"drawn": done, "rejected": done - len(kept)}
     drawn, rejected = state["drawn"], state["rejected"]
     seen = {" ".join(r["prompt"].lower().split()) for r in kept}
     if len(kept) >= args.count:

@@ -55,6 +55,10 @@ def test_a_stopped_draw_resumes_to_the_problems_of_an_uninterrupted_one(synth, t
     part = [json.loads(line) for line in (tmp_path / "part.jsonl").read_text().splitlines()]
     assert part == whole and len({r["id"] for r in whole}) == len(whole) >= 6
     assert json.loads((tmp_path / "part.jsonl.progress.json").read_text())["drawn"] == 6
+    # a copy of the problems without the progress file (a fresh checkout of the committed ones) goes on alike
+    (tmp_path / "copy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in whole[:3]))
+    assert synth.main([str(tmp_path / "copy.jsonl"), "--count", "6", *common]) == 0
+    assert [json.loads(line) for line in (tmp_path / "copy.jsonl").read_text().splitlines()] == whole
 
     monkeypatch.setattr(synth, "clean", lambda text: None)  # a target that never writes a usable problem
     assert synth.main([str(tmp_path / "none.jsonl"), "--count", "2", "--max-draws", "6", *common]) == 1
