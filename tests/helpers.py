@@ -383,3 +383,16 @@ def requires_vllm(test):
     import pytest
 
     return pytest.mark.skipif(vllm_python() is None, reason="vLLM venv not set up (scripts/setup_vllm.sh)")(test)
+
+
+def load_script(path: Path, name: str):
+    """A benchmarks/ script imported as module `name` (registered in sys.modules first: dataclasses look their
+    module up while it executes)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from tests.helpers import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "draft_cost.py"
 
 
 @pytest.fixture(scope="module")
 def draft_cost():
-    spec = importlib.util.spec_from_file_location("draft_cost", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the module executes
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "draft_cost")
 
 
 def test_tiny_random_target_run_reports_history_and_working_state(draft_cost, capsys):

@@ -5,7 +5,6 @@ and cleaned, drift is refused naming the field, and run.json keeps the original 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import shlex
 import sys
@@ -22,7 +21,7 @@ from evalsuite.run.resume import differences, resume_command, resumed_config
 from evalsuite.run.runner import Progress, Runner
 from evalsuite.store.run_store import RunStore, read_run
 from evalsuite.target.model import TargetModel
-from tests.helpers import load_steps, load_turns
+from tests.helpers import load_script, load_steps, load_turns
 
 cli = CliRunner()
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "kill_resume.py"
@@ -377,11 +376,7 @@ def test_a_run_json_without_finished_pairs_may_be_started_over(tmp_path, tiny_qw
 # ---- SIGKILL at random points, then --resume (the real CLI in subprocesses) -------------------------------------
 @pytest.fixture(scope="module")
 def kill_resume_script():
-    spec = importlib.util.spec_from_file_location("kill_resume", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "kill_resume")
 
 
 def _kill_resume(module, target_dir, tmp_path, kills: int, max_new_tokens: int):

@@ -3,25 +3,20 @@ when a target seldom writes one (a tiny random target stands in for the real one
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from evalsuite.testing import build_tiny_target
+from tests.helpers import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "synth_math_prompts.py"
 
 
 @pytest.fixture(scope="module")
 def synth():
-    spec = importlib.util.spec_from_file_location("synth_math_prompts", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "synth_math_prompts")
 
 
 def test_clean_keeps_the_problem_and_cuts_the_solution(synth):
