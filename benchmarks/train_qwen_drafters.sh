@@ -83,16 +83,18 @@ mkdir -p "$OUT"
 # only the prompts they lack. `SAVE_SEED=1 bash benchmarks/train_qwen_drafters.sh [OUT_ROOT]` refreshes the committed
 # copy from the work directory and exits.
 SEED=tasks/training/qwen2.5-coder-0.5b/responses.jsonl.gz
+SYNTH_PROBLEMS=tasks/training/qwen2.5-coder-0.5b/synth_math_problems.jsonl.gz  # SYNTH_MATH's (below)
+SYNTH_REPLIES=tasks/training/qwen2.5-coder-0.5b/synth_math_responses.jsonl.gz
 if [ "${SAVE_SEED:-0}" = 1 ]; then
   mkdir -p "$(dirname "$SEED")"
   gzip -9nc "$WORK/responses.jsonl" > "$SEED.tmp" && mv "$SEED.tmp" "$SEED"
   echo "saved $(wc -l < "$WORK/responses.jsonl") replies to $SEED ($(du -h "$SEED" | cut -f1))"
   if [ -s "$OUT/synth-math/problems.jsonl" ]; then  # SYNTH_MATH's problems, and the replies of its largest work dir
-    S=tasks/training/qwen2.5-coder-0.5b/synth_math
-    gzip -9nc "$OUT/synth-math/problems.jsonl" > "${S}_problems.jsonl.gz"
+    gzip -9nc "$OUT/synth-math/problems.jsonl" > "$SYNTH_PROBLEMS"
     R=$(ls -d "$OUT"/synth-math/work-* | sort -V | tail -1)/responses.jsonl
-    if [ -s "$R" ]; then gzip -9nc "$R" > "${S}_responses.jsonl.gz"; fi
-    echo "saved $(wc -l < "$OUT/synth-math/problems.jsonl") problems and $(wc -l < "$R" 2>/dev/null || echo 0) replies to ${S}_*"
+    if [ -s "$R" ]; then gzip -9nc "$R" > "$SYNTH_REPLIES"; fi
+    echo "saved $(wc -l < "$OUT/synth-math/problems.jsonl") problems to $SYNTH_PROBLEMS and" \
+         "$(wc -l < "$R" 2>/dev/null || echo 0) replies to $SYNTH_REPLIES"
   fi
   exit 0
 fi
@@ -151,8 +153,6 @@ fi
 # drafter then trains on beside WORK's (--extra-cache). The problems and their replies are committed as they come
 # (SAVE_SEED=1 refreshes them too) and a fresh checkout starts from them; a larger N extends the same seeded draw.
 SYNTH_MATH=${SYNTH_MATH:-0}
-SYNTH_PROBLEMS=tasks/training/qwen2.5-coder-0.5b/synth_math_problems.jsonl.gz
-SYNTH_REPLIES=tasks/training/qwen2.5-coder-0.5b/synth_math_responses.jsonl.gz
 EXTRA=()
 if [ "$SYNTH_MATH" -gt 0 ]; then
   SYNTH_DIR=$OUT/synth-math

@@ -19,6 +19,7 @@ stopped and gives the same cache as an uninterrupted one.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -110,7 +111,6 @@ class FeatureCache:
         start, end = int(self.offsets[seq]), int(self.offsets[seq + 1])
         return start, start + int(self.prompt_lens[seq]), end
 
-
     def fingerprint(self) -> str:
         """Identifies the cache's contents (its meta.json): keys memos of work done over it."""
         return (self.directory / "meta.json").read_text()
@@ -154,8 +154,6 @@ class JoinedCache(FeatureCache):
                 if a != b:
                     raise UserError(f"--extra-cache {other.directory}: its feature cache has {name}={b}, the work "
                                     f"dir's has {name}={a}; join only caches built alike")
-        import hashlib
-
         self.parts = parts
         self.directory = first.directory
         totals = {k: sum(getattr(p.meta, k) for p in parts) for k in ("num_sequences", "num_tokens",
@@ -175,8 +173,6 @@ class JoinedCache(FeatureCache):
 
 
 def _data_hash(sequences: list[Sequence]) -> str:
-    import hashlib
-
     digest = hashlib.sha256()
     for seq in sequences:
         digest.update(np.asarray(seq.ids, dtype=np.int32).tobytes())

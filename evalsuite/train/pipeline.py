@@ -265,7 +265,7 @@ def train(request: TrainRequest, reporter: Reporter = Reporter()) -> dict:
         "data": data_stats, "recipe": recipe.describe(), "loop": asdict(request.loop),
         "command": request.command or shlex.join(["evalsuite"] + sys.argv[1:]),
         "torch_threads": torch.get_num_threads(), "data_sources": [_no_dirs(d) for d in request.data] + [
-            _no_dirs(src["name"] + ":" + src["file"]) for extra in data_stats.get("extra_caches", [])
+            f"{src['name']}:{src['file']}" for extra in data_stats.get("extra_caches", [])
             for src in extra["selection"].get("sources", [])],
         "max_seq_len": request.max_seq_len, "feature_layers": list(cache.layers),
         "topk": request.topk, "generation": asdict(request.generation), "init": init,
