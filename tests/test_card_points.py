@@ -31,3 +31,24 @@ def test_a_run_without_points_adds_no_rows(tmp_path):
     run = write_run(tmp_path / "gsm8k", "gsm8k", {"dlite": {"a": [turn([(3, 3)], context_len=100)]},
                                                   "ar": {"a": [turn([(0, 0)], context_len=100)]}})
     assert context_point_rows(run, "dlite", {}) == []
+
+
+def test_a_row_carries_a_bootstrap_interval_over_its_samples(tmp_path):
+    # three samples at one point with τ 4, 2 and 1 (bonus token counted): the pooled τ is 7/3; the interval
+    # resamples whole samples, so it lies within the samples' own τ and holds the pooled value
+    samples = {"a": [(3, 3)], "b": [(3, 1)], "c": [(3, 0)]}
+    run = write_run(tmp_path / "agent", "swebench", {
+        "dlite": {s: [_at(2048, 2100 + i, steps, 1.0)] for i, (s, steps) in enumerate(samples.items())},
+        "ar": {s: [_at(2048, 2100 + i, [(0, 0)], 2.0)] for i, s in enumerate(samples)}})
+    (row,) = context_point_rows(run, "dlite", {})
+    low, high = row["tau_ci"]
+    assert row["tau"] == pytest.approx(7 / 3)
+    assert 1.0 <= low < row["tau"] < high <= 4.0
+    assert context_point_rows(run, "dlite", {})[0]["tau_ci"] == [low, high]  # seeded: the same card twice
+
+
+def test_no_interval_below_three_samples(tmp_path):
+    run = write_run(tmp_path / "agent", "swebench", {
+        "dlite": {"a": [_at(2048, 2100, [(3, 3)], 1.0)], "b": [_at(2048, 2200, [(3, 0)], 1.0)]},
+        "ar": {"a": [_at(2048, 2100, [(0, 0)], 2.0)], "b": [_at(2048, 2200, [(0, 0)], 2.0)]}})
+    assert context_point_rows(run, "dlite", {})[0]["tau_ci"] is None

@@ -130,17 +130,39 @@ def write_model_card(out_dir: Path, report: dict, config: dict) -> Path:
         lines.append("Not measured yet: run `evalsuite run --method <m> --task gsm8k --out RUN` and "
                      f"`python -m evalsuite.train.card {out_dir} RUN`.")
     else:
-        lines.append("| task | context | k | samples | max new tokens | method | τ | speedup vs ar | target weight "
-                     "layout | run |")
-        lines.append("|---|---|---|---|---|---|---|---|---|---|")
+        from evalsuite.report import stats
+
+        lines.append("τ counts the bonus token; its 95 % interval resamples whole samples (trajectories) with "
+                     f"replacement, none below {stats.MIN_INTERVAL_TRAJECTORIES} samples, – where the row predates it.")
+        lines.append("")
+        lines.append("| task | context | k | samples | max new tokens | method | τ | τ 95 % CI | speedup vs ar | "
+                     "target weight layout | run |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for row in evals:
             lines.append(f"| {row['task']} | {row.get('context', 'all')} | {row['k']} | {row['samples']} | "
                          f"{row['max_new_tokens']} | {row['method']} | {_fmt(row['tau'], 2)} | "
+                         f"{_interval(row.get('tau_ci'))} | "
                          f"{_fmt(row['speedup'], 2)} | {row.get('weight_layout', 'row-major')} | {row['run']} |")
     lines += ["", "## Reproduce", "```", report["command"], "```", ""]
     path = out_dir / CARD
     path.write_text("\n".join(lines))
     return path
+
+
+def _interval(ci) -> str:
+    return "–" if not ci or any(v is None or v != v for v in ci) else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
+def tau_interval(steps, turns, label: str) -> list[float] | None:
+    """τ's 95 % bootstrap interval over the samples (trajectories) of one held-out row: whole samples resampled with
+    replacement, as the report's tables do; None below the report's minimum number of samples."""
+    from evalsuite.report import stats
+
+    units = list(dict.fromkeys(turns.sample_id.astype(str)))
+    if len(units) < stats.MIN_INTERVAL_TRAJECTORIES:
+        return None
+    low, high = stats.tau_ci(steps.assign(run=""), [f"\0{u}" for u in units], stats.cell_seed(0, "card", label))
+    return [float(low), float(high)]
 
 
 def context_point_rows(run_dir: Path, method: str, common: dict) -> list[dict]:
@@ -159,7 +181,8 @@ def context_point_rows(run_dir: Path, method: str, common: dict) -> list[dict]:
         keys = cell[["sample_id", "turn"]]
         steps = tables.steps[tables.steps.method == method].merge(keys, on=["sample_id", "turn"])
         rows.append({**common, "samples": int(cell.sample_id.nunique()), "method": method,
-                     "tau": metrics.tau(steps), "speedup": metrics.speedup(cell),
+                     "tau": metrics.tau(steps), "tau_ci": tau_interval(steps, cell, f"{method}@{point}"),
+                     "speedup": metrics.speedup(cell),
                      "context": f"point {int(point):,}: {int(cell.context_len.min()):,}–"
                                 f"{int(cell.context_len.max()):,} tokens"})
     return rows
@@ -167,6 +190,7 @@ def context_point_rows(run_dir: Path, method: str, common: dict) -> list[dict]:
 
 def attach_evaluations(drafter_dir: Path, run_dirs: list[Path]) -> Path:
     from evalsuite.report.summary import summary_rows
+    from evalsuite.store.run_store import read_run
 
     drafter_dir = Path(drafter_dir)
     report = json.loads((drafter_dir / REPORT).read_text())
@@ -177,11 +201,14 @@ def attach_evaluations(drafter_dir: Path, run_dirs: list[Path]) -> Path:
         common = {"task": run["task"], "k": run["k"], "max_new_tokens": run["max_new_tokens"],
                   "run": Path(run_dir).name, "weight_layout": run.get("weight_layout", "row-major"),
                   "drafter_sha256": run.get("drafter_sha256", {}).get(report["method"])}
+        tables = read_run(run_dir)
         for row in summary_rows(run_dir):
             if row["method"] != report["method"]:
                 continue
+            mine = tables.turns[tables.turns.method == row["method"]]
+            ci = tau_interval(tables.steps[tables.steps.method == row["method"]], mine, row["method"])
             rows.append({**common, "samples": row["samples"], "method": row["method"], "tau": row["tau"],
-                         "speedup": row["speedup"], "context": "all"})
+                         "tau_ci": ci, "speedup": row["speedup"], "context": "all"})
         rows += context_point_rows(run_dir, report["method"], common)
     report["heldout_eval"] = rows
     (drafter_dir / REPORT).write_text(json.dumps(report, indent=1, sort_keys=True, default=str))
