@@ -158,10 +158,10 @@ def tau_interval(steps, turns, label: str) -> list[float] | None:
     replacement, as the report's tables do; None below the report's minimum number of samples."""
     from evalsuite.report import stats
 
-    units = list(dict.fromkeys(turns.sample_id.astype(str)))
+    units = list(dict.fromkeys(stats.trajectory_keys(turns.assign(run=""))))  # one run: a sample is a trajectory
     if len(units) < stats.MIN_INTERVAL_TRAJECTORIES:
         return None
-    low, high = stats.tau_ci(steps.assign(run=""), [f"\0{u}" for u in units], stats.cell_seed(0, "card", label))
+    low, high = stats.tau_ci(steps.assign(run=""), units, stats.cell_seed(0, "card", label))
     return [float(low), float(high)]
 
 
