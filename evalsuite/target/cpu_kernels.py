@@ -258,6 +258,18 @@ static inline V vexp(V x) {  // e^x for x <= 0 (rel. error ~1e-7); lanes below -
 }
 
 
+// Keep a vector that several FMAs use in a register (x86): GCC otherwise folds its load into each FMA as a memory
+// operand, and a Zen 3 loads two vectors a cycle, so a block of 12 FMAs and 16 loads waited on its loads.
+// The same barrier rounds the output's rescale (acc * alpha) before the tile's first FMA: `o = acc * a; o += p * v`
+// has two products in its first sum, and GCC fused one or the other depending on the vector width (fma(acc, a, p·v)
+// in one build, fma(p, v, acc·a) in the other: the last bit of a few outputs differed between the AVX-512 and the
+// AVX2 build on a Xeon, Dec 8 2026). Held in a register, the rounded product is the chain's start in every form.
+#if defined(__x86_64__)
+#define IN_REGISTER(v) __asm__("" : "+x"(v))
+#else
+#define IN_REGISTER(v) (void)0
+#endif
+
 // One (batch, kv head, key chunk): the softmax state (max m, sum l, unnormalised output acc) of all R folded query
 // rows over keys [t0, t1), online over tiles of 16 keys. Vectorised over the rows (lanes of RV vectors V: R <= RV ×
 // V's lanes), so each key is read once for every row and no dot product needs a horizontal sum; the scores of KS keys at a time
@@ -327,7 +339,7 @@ static void attend_chunk(const float* q, int64_t R, const float* k, const float*
       float* ar = acc + r * D;
       const float a = alpha_s[r];
       v16 o[DV];
-      for (int d = 0; d < DV; ++d) o[d] = *(v16*)(ar + d * 16) * a;
+      for (int d = 0; d < DV; ++d) { o[d] = *(v16*)(ar + d * 16) * a; IN_REGISTER(o[d]); }
       for (int64_t j = 0; j < tn; ++j) {
         const float pj = p[j][r];
         const float* vj = v + (t + j) * ldkv;
@@ -346,13 +358,6 @@ static void attend_chunk(const float* q, int64_t R, const float* k, const float*
 // P·V broadcasts one value of V against whole lane vectors of P, as Q·Kᵀ broadcasts one of K. Each output
 // element is the same chain of operations as in attend_chunk (rescaled by alpha, then one FMA per key in key order),
 // so the two give the same result, bit for bit.
-// Keep a vector that several FMAs use in a register (x86): GCC otherwise folds its load into each FMA as a memory
-// operand, and a Zen 3 loads two vectors a cycle, so a block of 12 FMAs and 16 loads waited on its loads
-#if defined(__x86_64__)
-#define IN_REGISTER(v) __asm__("" : "+x"(v))
-#else
-#define IN_REGISTER(v) (void)0
-#endif
 
 template <int D, int NR, typename V>
 static inline void qk_rows(const float* qt, int64_t W, const float* k, int64_t ldkv, int64_t t, int64_t tn,
@@ -396,7 +401,10 @@ static inline void pv_block(float* accT, int64_t W, const float* p, const V* a, 
   constexpr int64_t LN = sizeof(V) / sizeof(float);
   V o[NB][NR];
   for (int dd = 0; dd < NB; ++dd)
-    for (int r = 0; r < NR; ++r) o[dd][r] = *(V*)(accT + (d0 + dd) * W + (rv0 + r) * LN) * a[r];
+    for (int r = 0; r < NR; ++r) {
+      o[dd][r] = *(V*)(accT + (d0 + dd) * W + (rv0 + r) * LN) * a[r];
+      IN_REGISTER(o[dd][r]);
+    }
   for (int64_t j = 0; j < tn; ++j) {
     V pj[NR];
     for (int r = 0; r < NR; ++r) {
@@ -483,7 +491,7 @@ static void attend_rows(const float* q, int64_t R, const float* k, const float* 
         const float a = alpha_s[r];
         for (int64_t d0 = 0; d0 < DVEC; d0 += DB) {
           v8 o[DB];
-          for (int d = 0; d < DB; ++d) o[d] = *(const v8*)(ar + (d0 + d) * LN) * a;
+          for (int d = 0; d < DB; ++d) { o[d] = *(const v8*)(ar + (d0 + d) * LN) * a; IN_REGISTER(o[d]); }
           for (int64_t j = 0; j < tn; ++j) {
             const float pj = p[j * W + r];
             const float* vj = v + (t + j) * ldkv + d0 * LN;
