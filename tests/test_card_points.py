@@ -52,3 +52,33 @@ def test_no_interval_below_three_samples(tmp_path):
         "dlite": {"a": [_at(2048, 2100, [(3, 3)], 1.0)], "b": [_at(2048, 2200, [(3, 0)], 1.0)]},
         "ar": {"a": [_at(2048, 2100, [(0, 0)], 2.0)], "b": [_at(2048, 2200, [(0, 0)], 2.0)]}})
     assert context_point_rows(run, "dlite", {})[0]["tau_ci"] is None
+
+
+def test_a_run_attached_again_under_another_name_replaces_its_rows(tmp_path):
+    # a drafter's card with one GSM8K run attached, then the same run committed under another directory name and
+    # attached: its rows are replaced (matched by the run_id it was written under), not listed twice
+    import json
+    import shutil
+    from pathlib import Path
+
+    from evalsuite.train.card import attach_evaluations
+
+    shipped = Path(__file__).resolve().parents[1] / "baselines" / "drafters" / "dlite"
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    for name in ("training_report.json", "config.json"):
+        shutil.copy(shipped / name, drafter / name)
+    report = json.loads((drafter / "training_report.json").read_text())
+    report["heldout_eval"] = []
+    (drafter / "training_report.json").write_text(json.dumps(report))
+    run = write_run(tmp_path / "eval" / "dlite-gsm8k", "gsm8k", {
+        "dlite": {s: [turn([(3, 3), (3, 1)], context_len=100)] for s in "abc"},
+        "ar": {s: [turn([(0, 0)], context_len=100)] for s in "abc"}})
+    attach_evaluations(drafter, [run])
+    copied = shutil.copytree(run, tmp_path / "committed" / "dlite-shipped-gsm8k")
+    attach_evaluations(drafter, [copied])
+    rows = json.loads((drafter / "training_report.json").read_text())["heldout_eval"]
+    assert [(r["run"], r["run_id"]) for r in rows] == [("dlite-shipped-gsm8k", "dlite-gsm8k")]
+    assert rows[0]["tau"] == pytest.approx(3.0)  # (4 + 2) / 2 verify steps, bonus counted
+    card = (drafter / "MODEL_CARD.md").read_text()
+    assert "dlite-shipped-gsm8k" in card and "| dlite-gsm8k |" not in card

@@ -195,11 +195,15 @@ def attach_evaluations(drafter_dir: Path, run_dirs: list[Path]) -> Path:
     drafter_dir = Path(drafter_dir)
     report = json.loads((drafter_dir / REPORT).read_text())
     config = json.loads((drafter_dir / "config.json").read_text())
-    rows = [r for r in report.get("heldout_eval") or [] if r["run"] not in {Path(d).name for d in run_dirs}]
-    for run_dir in run_dirs:
-        run = json.loads((Path(run_dir) / "run.json").read_text())
+    runs = {Path(d): json.loads((Path(d) / "run.json").read_text()) for d in run_dirs}
+    # a run attached again replaces its rows, also when it was copied under another directory name (its run_id is the
+    # name it was written under; rows from before run_id was kept match by that name)
+    again = {d.name for d in runs} | {run.get("run_id", d.name) for d, run in runs.items()}
+    rows = [r for r in report.get("heldout_eval") or [] if r["run"] not in again and r.get("run_id", r["run"]) not in again]
+    for run_dir, run in runs.items():
         common = {"task": run["task"], "k": run["k"], "max_new_tokens": run["max_new_tokens"],
-                  "run": Path(run_dir).name, "weight_layout": run.get("weight_layout", "row-major"),
+                  "run": run_dir.name, "run_id": run.get("run_id", run_dir.name),
+                  "weight_layout": run.get("weight_layout", "row-major"),
                   "drafter_sha256": run.get("drafter_sha256", {}).get(report["method"])}
         tables = read_run(run_dir)
         for row in summary_rows(run_dir):
