@@ -317,5 +317,37 @@ def test_the_8_lane_forms_give_the_same_bits_as_this_machines_forms(tmp_path):
                 q = torch.randn(1, kv_heads, groups * rows, dim, generator=generator)
                 k = torch.randn(1, kv_heads, length, dim, generator=generator)
                 v = torch.randn(1, kv_heads, length, dim, generator=generator)
-                assert torch.equal(narrow.attention(q, k, v, rows, 0.1), cpu_kernels.attention(q, k, v, rows, 0.1)), \
-                    (kv_heads, groups, dim, rows, length)
+                expected = narrow.attention(q, k, v, rows, 0.1)
+                for lanes in (8, 16):  # both forms of this machine's verify blocks (AVX-512: 24 and 56 rows)
+                    cpu_kernels.attention_lanes(lanes)
+                    assert torch.equal(expected, cpu_kernels.attention(q, k, v, rows, 0.1)), \
+                        (kv_heads, groups, dim, rows, length, lanes)
+    cpu_kernels.attention_lanes(8)
+
+
+def test_the_attention_lane_form_is_measured_once_and_remembered(tmp_path, monkeypatch):
+    """Verify blocks whose folded rows take another form at 16 lanes than at 8 (AVX-512: 17-24 and 49-56 rows) get
+    the form measured faster here, remembered for the next run; other row counts, and machines without AVX-512,
+    have nothing to choose."""
+    assert cpu_kernels.available()  # built (or loaded) from the usual cache first: the choice's cache moves below
+    monkeypatch.setenv("EVALSUITE_CACHE", str(tmp_path / "cache"))
+    assert cpu_kernels.choose_attention_lanes(2, 2, 8, 64) is None  # 16 rows: one form everywhere
+    wide = cpu_kernels._build().lane_forms_differ(56)
+    first = cpu_kernels.choose_attention_lanes(2, 7, 8, 64, keys=256)
+    try:
+        if not wide:
+            assert first is None and cpu_kernels.attention_lanes(16) == 8
+            return
+        assert first["chosen"] in (8, 16) and set(first["candidates"]) == {"8", "16"}
+        assert first["source"] == "measured in this run" and cpu_kernels.attention_lanes() == first["chosen"]
+        cpu_kernels.attention_lanes(24 - first["chosen"])  # the other form, until the next choice
+        again = cpu_kernels.choose_attention_lanes(2, 7, 8, 64, keys=256)
+        assert again["chosen"] == first["chosen"] and again["source"].startswith("remembered")
+        assert cpu_kernels.attention_lanes() == first["chosen"]
+    finally:
+        cpu_kernels.attention_lanes(8)
+
+
+def test_attention_lanes_refuses_other_widths():
+    with pytest.raises(RuntimeError, match="8 or 16"):
+        cpu_kernels.attention_lanes(4)

@@ -489,3 +489,28 @@ def test_auto_weight_layout_records_its_measurement_and_a_resume_keeps_the_layou
     assert run_cli(*args, "--resume").exit_code == 0
     again = json.loads((out / "run.json").read_text())
     assert again["weight_layout"] == config["weight_layout"]
+
+
+def test_a_resume_keeps_the_attention_lane_form_of_its_first_part(tiny_qwen3_dir, tmp_path, monkeypatch):
+    """run.json records the CPU attention's lane form for verify blocks and why (measured or remembered); a resume
+    sets the recorded form again instead of choosing anew, so one run's turns are timed on one form."""
+    from evalsuite.target import cpu_kernels
+
+    if not cpu_kernels.available():
+        pytest.skip(f"CPU kernels unavailable: {cpu_kernels.reason()}")
+    measured = {"candidates": {"8": 1.0, "16": 2.0}, "chosen": 8, "rule": "planted", "source": "measured in this run"}
+    monkeypatch.setattr(cpu_kernels, "choose_attention_lanes", lambda *args, **kwargs: measured)
+    out = tmp_path / "run"
+    args = ["run", "--method", "ngram", "--task", "mt-bench", "--target", str(tiny_qwen3_dir), "--limit", "2",
+            "--max-new-tokens", "8", "--threads", "1", "--weight-layout", "fused+panel", "--out", str(out)]
+    assert run_cli(*args).exit_code == 0
+    assert json.loads((out / "run.json").read_text())["attention_lanes_choice"] == measured
+
+    def choose_again(*args, **kwargs):
+        raise AssertionError("a resumed run chose the lane form again")
+    set_to, set_lanes = [], cpu_kernels.attention_lanes
+    monkeypatch.setattr(cpu_kernels, "choose_attention_lanes", choose_again)
+    monkeypatch.setattr(cpu_kernels, "attention_lanes", lambda lanes=0: set_to.append(lanes) or set_lanes(lanes))
+    assert run_cli(*args, "--resume").exit_code == 0
+    assert set_to[0] == 8  # the recorded form, set again before any turn
+    assert json.loads((out / "run.json").read_text())["attention_lanes_choice"] == measured  # the record stands

@@ -22,10 +22,11 @@ class Engine(ABC):
     device_label: str = "cpu"  # the `worker_device` of every record unless a scale-out worker names its own
 
     @abstractmethod
-    def start(self, methods: list[str], threads: int | None = None, weight_layout: str | None = None) -> None:
+    def start(self, methods: list[str], threads: int | None = None, weight_layout: str | None = None,
+              attention_lanes: int | None = None) -> None:
         """Load the target's tokenizer (`self.chat`), the target and every method (`ar` first), with `threads`
         intra-op threads on CPU and `weight_layout` instead of the config's (a resumed run keeps the one its first
-        part resolved); one-line errors."""
+        part resolved, and `attention_lanes` the CPU attention's lane form it was timed with); one-line errors."""
 
     def warm_up(self, ids: list[int]) -> dict[str, float]:
         """Untimed first calls on a short context, so that no recorded turn pays them; returns each method's

@@ -85,13 +85,15 @@ class HfEngine(Engine):
         self.methods: dict[str, Method] = {}
         self.prefix: PrefixCache | None = None
 
-    def start(self, methods: list[str], threads: int | None = None, weight_layout: str | None = None) -> None:
+    def start(self, methods: list[str], threads: int | None = None, weight_layout: str | None = None,
+              attention_lanes: int | None = None) -> None:
         cfg = self.config
         if threads is not None:
             torch.set_num_threads(threads)
         self.target = TargetModel.load(cfg.target, cfg.device, cfg.dtype, weight_layout or cfg.weight_layout,
                                        cfg.kv_cache, cfg.compile, cfg.cuda_graphs, cfg.captured_attention)
-        self.packed_blocks = self.target.prepare_blocks(cfg.k + 1)  # untimed: verify blocks of up to k+1 rows
+        # untimed: verify blocks of up to k+1 rows
+        self.packed_blocks = self.target.prepare_blocks(cfg.k + 1, attention_lanes)
         self.chat = self.target.chat
         # the records' `worker_device`: on a CPU with its model, so turns timed on different machines stay apart
         self.device_label = f"cpu ({cpu_model()})" if self.target.device.type == "cpu" else str(self.target.device)
@@ -215,6 +217,7 @@ class HfEngine(Engine):
             "dtype": str(target.dtype).removeprefix("torch."),
             "weight_layout": target.weight_layout,
             "weight_layout_choice": target.products_choice,  # --weight-layout auto: the kernels measured, and why
+            "attention_lanes_choice": target.attention_lanes_choice,  # the CPU attention's lane form, and why
             "packed_block_rows": target.fused.block_rows if target.fused is not None else 0,
             "cuda_graphs": target.cuda_graphs,  # resolved: on | off
             "captured_attention": target.captured_attention,  # resolved; None without CUDA graphs

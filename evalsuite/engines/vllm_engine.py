@@ -201,7 +201,8 @@ class VllmEngine(Engine):
         self.workers: dict[str, VllmWorker] = {}
         self._tmp = None
 
-    def start(self, methods: list[str], threads: int | None = None, weight_layout: str | None = None) -> None:
+    def start(self, methods: list[str], threads: int | None = None, weight_layout: str | None = None,
+              attention_lanes: int | None = None) -> None:
         check_methods(methods, self.config.method_options)
         self.vllm_python = find_vllm_python()  # before any loading: a missing vLLM is a one-line error
         # the tokenizer, template and window only: vLLM loads the weights itself, at the run's dtype and device

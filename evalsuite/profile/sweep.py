@@ -432,6 +432,7 @@ def run_profile(out: Path, target: str | None = None, target_shape: str | None =
         "target": label["target"], "target_shape": target_shape, "target_dir": None if target_shape else
         model.model_dir, "config": _config_dict(model.config), "dtype": label["dtype"],
         "weight_layout": model.weight_layout, "weight_layout_choice": model.products_choice,
+        "attention_lanes_choice": model.attention_lanes_choice,
         "kv_cache": "static (synthetic K/V fill)",
         "weights_bytes": module_bytes(model.model) + packed_bytes(model), "params": sum(p.numel() for p in model.model.parameters()),
         "kv_bytes_per_token": kv_bytes_per_token(model.config, model.dtype),

@@ -129,7 +129,10 @@ class Runner:
         self.threads_choice = stored.get("contention", {}).get("threads_choice") if stored else None
         # a resumed run keeps the weight layout (and so the product kernels) its first part resolved and was timed with
         layout = stored.get("weight_layout") if stored and self.config.weight_layout == "auto" else None
-        self.engine.start(self.methods, threads, layout if layout in WEIGHT_LAYOUTS else None)
+        # and the CPU attention's lane form for verify blocks
+        lanes = ((stored or {}).get("attention_lanes_choice") or {}).get("chosen")
+        self.engine.start(self.methods, threads, layout if layout in WEIGHT_LAYOUTS else None,
+                          lanes if lanes in (8, 16) else None)
         if self.config.threads in (None, "auto") and not stored:  # the faster configuration, measured
             self.threads_choice = self.engine.tune_threads(list(range(1, threads + 1)))
             if self.threads_choice:

@@ -515,6 +515,29 @@ static void attend_rows(const float* q, int64_t R, const float* k, const float* 
     for (int i = 0; i < LN && rv * LN + i < R; ++i) { m[rv * LN + i] = mv[rv][i]; l[rv * LN + i] = lv[rv][i]; }
 }
 
+// AVX-512 builds: the lane vectors that verify blocks' folded rows take where 8 and 16 lanes differ (17-24 rows: 3 x 8
+// or 2 x 16; 49-56: 7 x 8 or 4 x 16). 8 lanes leave fewer idle, 16 do twice the work per instruction, and which is
+// faster depends on the core: 8 on an AMD EPYC with AVX-512 (Dec 6: 0.91-0.98x the attention's time of 16 lanes),
+// 16 on an Intel Xeon (Dec 8: 0.79-0.81x of 8 lanes at 56 rows, 0.92x at 24, 1k-16k keys, 2 threads). Set once per
+// machine from a measurement (cpu_kernels.choose_attention_lanes); each lane's arithmetic is the same, so are the bits.
+static int64_t attention_lanes_ = 8;
+int64_t attention_lanes(int64_t lanes) {  // 8 or 16 sets the form (AVX-512 builds only), 0 asks; returns the form in use
+  TORCH_CHECK(lanes == 0 || lanes == 8 || lanes == 16, "attention lanes: 8 or 16 (0 asks)");
+#if defined(__AVX512F__)
+  if (lanes) attention_lanes_ = lanes;
+  return attention_lanes_;
+#else
+  return 8;
+#endif
+}
+bool lane_forms_differ(int64_t R) {  // whether `attention_lanes` changes the form R folded rows take here
+#if defined(__AVX512F__)
+  return (R > 16 && R <= 24) || (R > 48 && R <= 56);
+#else
+  return false;
+#endif
+}
+
 // folded queries q [B, H, R, D] (R = groups * rows, row g*rows + i at position T - rows + i), keys and values
 // [B, H, T, D] (any stride over B and H, rows of D contiguous): softmax(q k^T * scale) v, causal within the block.
 constexpr int64_t MAX_FOLDED_ROWS = 128;
@@ -547,6 +570,8 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64
 #define EVALSUITE_ATTEND(DV) \
       if (R <= 8) attend_chunk<DV, 1, v8, vi8>EVALSUITE_ARGS; \
       else if (R <= 16) attend_chunk<DV, 1, v16, vi16>EVALSUITE_ARGS; \
+      else if (attention_lanes_ == 16 && R <= 24) attend_chunk<DV, 2, v16, vi16>EVALSUITE_ARGS; \
+      else if (attention_lanes_ == 16 && R > 48 && R <= 56) attend_chunk<DV, 4, v16, vi16>EVALSUITE_ARGS; \
       else if (R <= 24) attend_chunk<DV, 3, v8, vi8>EVALSUITE_ARGS; \
       else if (R <= 32) attend_chunk<DV, 2, v16, vi16>EVALSUITE_ARGS; \
       else if (R <= 48) attend_chunk<DV, 3, v16, vi16>EVALSUITE_ARGS; \
@@ -724,7 +749,7 @@ def compile_source(directory: Path, name: str, arch_flags: list[str], source: st
 
     directory.mkdir(parents=True, exist_ok=True)
     with _builder_lock(directory):
-        return load_inline(name, source, functions=["pack", "linear", "attention", "layer"],
+        return load_inline(name, source, functions=["pack", "linear", "attention", "attention_lanes", "lane_forms_differ", "layer"],
                            extra_cflags=["-O3", *arch_flags, "-fopenmp"], extra_ldflags=["-fopenmp"],
                            build_directory=str(directory), verbose=False)
 
@@ -783,6 +808,54 @@ def attention(folded: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ro
     position T − rows + i, seeing keys 0 … T − rows + i) over keys/values [B, kv_heads, T, D] (views of the cache's
     buffers: rows of D contiguous)."""
     return _build().attention(folded, keys, values, rows, scale)
+
+
+def attention_lanes(lanes: int = 0) -> int:
+    """The lane vectors (8 or 16) of the verify blocks' folded rows whose form they change (`lane_forms_differ`);
+    `lanes` sets it for this process (AVX-512 builds; elsewhere it stays 8), 0 only asks. Same bits either way."""
+    return _build().attention_lanes(lanes)
+
+
+def choose_attention_lanes(kv_heads: int, groups: int, rows: int, head_dim: int, keys: int = 4096) -> dict | None:
+    """Set `attention_lanes` to whichever form attends a block of `rows` tokens (groups · rows folded rows) faster on
+    this machine: the attention of one layer over `keys` cached keys in each form, in turn, median of 7. Remembered per host, CPU, torch, kernel
+    build and shape (`remembered_choice`); None where both forms are the same here (no AVX-512, or a row count
+    whose form does not change). The measurement is a few milliseconds, in the target's untimed set-up."""
+    folded_rows = groups * rows
+    if not available() or not attends(head_dim, folded_rows) or not _build().lane_forms_differ(folded_rows):
+        return None
+    import socket
+    import statistics
+    import time
+
+    from evalsuite.target.remembered import remembered_choice
+
+    key = {"host": socket.gethostname(), "cpu": cpu_model(), "torch": torch.__version__, "kernels": build_tag(),
+           "kv_heads": kv_heads, "folded_rows": folded_rows, "head_dim": head_dim, "keys": keys,
+           "threads": torch.get_num_threads()}
+
+    def measure() -> dict:
+        generator = torch.Generator().manual_seed(0)
+        q = torch.randn(1, kv_heads, folded_rows, head_dim, generator=generator)
+        k, v = (torch.randn(1, kv_heads, keys, head_dim, generator=generator) for _ in range(2))
+        times: dict[int, list[float]] = {8: [], 16: []}
+        for _ in range(7):
+            for lanes in times:
+                attention_lanes(lanes)
+                attention(q, k, v, rows, 0.125)
+                start = time.perf_counter()
+                for _ in range(3):
+                    attention(q, k, v, rows, 0.125)
+                times[lanes].append((time.perf_counter() - start) / 3 * 1e3)
+        medians = {lanes: statistics.median(t) for lanes, t in times.items()}
+        return {"candidates": {str(lanes): round(ms, 4) for lanes, ms in medians.items()},
+                "chosen": min(medians, key=medians.get),
+                "rule": f"lower attention time of one layer's {folded_rows} folded rows over {keys} keys, "
+                        f"ms, median of 7, the forms in turn"}
+
+    choice = remembered_choice("attention-lanes", key, measure, lambda saved: saved.get("chosen") in (8, 16))
+    attention_lanes(choice["chosen"])
+    return choice
 
 
 def heads_fit(query: torch.Tensor, kv_heads: int) -> bool:

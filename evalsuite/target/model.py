@@ -138,6 +138,7 @@ class TargetModel:
         if compile and self.products == "auto":
             self.products = "mkl"
         self.products_choice: dict | None = None  # the measurement behind an "auto" choice (run.json)
+        self.attention_lanes_choice: dict | None = None  # the CPU attention's lane form for verify blocks (run.json)
         self._fused_head = _FusedHead(model.get_output_embeddings(), self.fused) if self.fused is not None else None
         if compile and self.fused is not None:  # its decodes and verify blocks as compiled graphs (`compile_decode`)
             self.fused.compile_decode()
@@ -243,12 +244,15 @@ class TargetModel:
         return self.chat.decode(ids)
 
     # ---- forward passes ----------------------------------------------------------------------------------
-    def prepare_blocks(self, rows: int) -> bool:
+    def prepare_blocks(self, rows: int, attention_lanes: int | None = None) -> bool:
         """Get verify blocks of up to `rows` tokens ready before any timed forward (the fused decoder packs its
         weights for that many rows once; blocks of 3 … rows tokens pad to it; with CUDA graphs, the one KV cache
         is allocated for the window and blocks of 1 … rows tokens are captured by `prepare_layers`). Returns
         whether packing is used. With products "auto" (`--weight-layout auto`) the fused decoder's product kernels are
-        chosen here, by measuring both on this machine (`choose_products`); `weight_layout` then names the choice."""
+        chosen here, by measuring both on this machine (`choose_products`); `weight_layout` then names the choice.
+        Where verify blocks attend with evalsuite's CPU attention kernel and its 8- and 16-lane forms differ for this
+        block, the faster form here is measured (or remembered) and set (`cpu_kernels.choose_attention_lanes`), or
+        `attention_lanes` is kept (a resumed run's first part chose it); `attention_lanes_choice` says which."""
         if self.cuda_graphs == "on" and (self.captured is None or self.captured.max_rows != rows):
             self.captured = CapturedSteps(self.fused, self.config, min(self.max_context, MAX_CAPTURED_CONTEXT) + rows,
                                           rows, graphs=True)
@@ -260,6 +264,15 @@ class TargetModel:
             products = self.products_choice["chosen"] if self.products_choice else "mkl"
         used = self.fused.prepare_blocks(rows, products)
         self.weight_layout = {v: k for k, v in PRODUCTS_OF_LAYOUT.items()}[self.fused.products] if used else "fused"
+        fused = self.fused
+        if fused.block_attention == "kernel":
+            if attention_lanes is not None:
+                cpu_kernels.attention_lanes(attention_lanes)
+                self.attention_lanes_choice = {"chosen": cpu_kernels.attention_lanes(),
+                                               "source": "kept from the run's first part"}
+            else:
+                self.attention_lanes_choice = cpu_kernels.choose_attention_lanes(fused.kv_heads, fused.groups, rows,
+                                                                                 fused.head_dim)
         return used
 
     def prepare_drafter(self, module: torch.nn.Module) -> str:
