@@ -742,14 +742,20 @@ def _builder_lock(directory: Path):
         yield
 
 
+FUNCTIONS = ("pack", "linear", "attention", "attention_lanes", "lane_forms_differ", "layer")  # what Python calls
+
+
 def compile_source(directory: Path, name: str, arch_flags: list[str], source: str = _SOURCE):
     """Build (or load the cached build of) `source` (these kernels by default) in `directory` as module `name` for
-    `arch_flags`."""
+    `arch_flags`, exporting the FUNCTIONS it defines (an older source, built by benchmarks/kernel_ab.py, has fewer)."""
+    import re
+
     from torch.utils.cpp_extension import load_inline
 
+    defined = [f for f in FUNCTIONS if re.search(rf"^[\w:<>]+ {f}\(", source, re.MULTILINE)]
     directory.mkdir(parents=True, exist_ok=True)
     with _builder_lock(directory):
-        return load_inline(name, source, functions=["pack", "linear", "attention", "attention_lanes", "lane_forms_differ", "layer"],
+        return load_inline(name, source, functions=defined,
                            extra_cflags=["-O3", *arch_flags, "-fopenmp"], extra_ldflags=["-fopenmp"],
                            build_directory=str(directory), verbose=False)
 
