@@ -824,9 +824,10 @@ def attention_lanes(lanes: int = 0) -> int:
 
 def choose_attention_lanes(kv_heads: int, groups: int, rows: int, head_dim: int, keys: int = 4096) -> dict | None:
     """Set `attention_lanes` to whichever form attends a block of `rows` tokens (groups · rows folded rows) faster on
-    this machine: the attention of one layer over `keys` cached keys in each form, in turn, median of 7. Remembered per host, CPU, torch, kernel
-    build and shape (`remembered_choice`); None where both forms are the same here (no AVX-512, or a row count
-    whose form does not change). The measurement is a few milliseconds, in the target's untimed set-up."""
+    this machine: the attention of one layer over `keys` cached keys in each form, in turn, median of 7.
+    Remembered per host, CPU, torch, kernel build and shape (`remembered_choice`); None where both forms are the
+    same here (no AVX-512, or a row count whose form does not change). The measurement is a few milliseconds, in
+    the target's untimed set-up."""
     folded_rows = groups * rows
     if not available() or not attends(head_dim, folded_rows) or not _build().lane_forms_differ(folded_rows):
         return None
