@@ -833,9 +833,9 @@ def choose_attention_lanes(kv_heads: int, groups: int, rows: int, head_dim: int,
         return None
     import socket
     import statistics
-    import time
 
     from evalsuite.target.remembered import remembered_choice
+    from evalsuite.timing import DeviceClock
 
     key = {"host": socket.gethostname(), "cpu": cpu_model(), "torch": torch.__version__, "kernels": build_tag(),
            "kv_heads": kv_heads, "folded_rows": folded_rows, "head_dim": head_dim, "keys": keys,
@@ -845,15 +845,13 @@ def choose_attention_lanes(kv_heads: int, groups: int, rows: int, head_dim: int,
         generator = torch.Generator().manual_seed(0)
         q = torch.randn(1, kv_heads, folded_rows, head_dim, generator=generator)
         k, v = (torch.randn(1, kv_heads, keys, head_dim, generator=generator) for _ in range(2))
-        times: dict[int, list[float]] = {8: [], 16: []}
+        clock, times = DeviceClock(q.device), {8: [], 16: []}
         for _ in range(7):
             for lanes in times:
                 attention_lanes(lanes)
                 attention(q, k, v, rows, 0.125)
-                start = time.perf_counter()
-                for _ in range(3):
-                    attention(q, k, v, rows, 0.125)
-                times[lanes].append((time.perf_counter() - start) / 3 * 1e3)
+                seconds, _ = clock.time(lambda: [attention(q, k, v, rows, 0.125) for _ in range(3)])
+                times[lanes].append(seconds / 3 * 1e3)
         medians = {lanes: statistics.median(t) for lanes, t in times.items()}
         return {"candidates": {str(lanes): round(ms, 4) for lanes, ms in medians.items()},
                 "chosen": min(medians, key=medians.get),
