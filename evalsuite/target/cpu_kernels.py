@@ -570,8 +570,9 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64
 #define EVALSUITE_ATTEND(DV) \
       if (R <= 8) attend_chunk<DV, 1, v8, vi8>EVALSUITE_ARGS; \
       else if (R <= 16) attend_chunk<DV, 1, v16, vi16>EVALSUITE_ARGS; \
-      else if (attention_lanes_ == 16 && R <= 24) attend_chunk<DV, 2, v16, vi16>EVALSUITE_ARGS; \
-      else if (attention_lanes_ == 16 && R > 48 && R <= 56) attend_chunk<DV, 4, v16, vi16>EVALSUITE_ARGS; \
+      else if (attention_lanes_ == 16 && lane_forms_differ(R)) { \
+        if (R <= 24) attend_chunk<DV, 2, v16, vi16>EVALSUITE_ARGS; \
+        else attend_chunk<DV, 4, v16, vi16>EVALSUITE_ARGS; } \
       else if (R <= 24) attend_chunk<DV, 3, v8, vi8>EVALSUITE_ARGS; \
       else if (R <= 32) attend_chunk<DV, 2, v16, vi16>EVALSUITE_ARGS; \
       else if (R <= 48) attend_chunk<DV, 3, v16, vi16>EVALSUITE_ARGS; \

@@ -267,8 +267,7 @@ class TargetModel:
         fused = self.fused
         if fused.block_attention == "kernel":
             if attention_lanes is not None:
-                cpu_kernels.attention_lanes(attention_lanes)
-                self.attention_lanes_choice = {"chosen": cpu_kernels.attention_lanes(),
+                self.attention_lanes_choice = {"chosen": cpu_kernels.attention_lanes(attention_lanes),
                                                "source": "kept from the run's first part"}
             else:
                 self.attention_lanes_choice = cpu_kernels.choose_attention_lanes(fused.kv_heads, fused.groups, rows,
